@@ -1,0 +1,3 @@
+module gostw.test/stw
+
+go 1.19

@@ -1,0 +1,100 @@
+// Command stw is a Go workload whose stop-the-world pauses are known: it runs
+// forced and natural GCs, calls runtime.ReadMemStats and runtime.GOMAXPROCS
+// (each a stop-the-world of its own reason), and at exit prints, as one JSON
+// line prefixed "GOSTW_REPORT ", what the runtime counted of itself.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/metrics"
+	"time"
+)
+
+var sink [][]byte
+
+func main() {
+	gcs := flag.Int("gc", 20, "forced GCs (runtime.GC)")
+	readMemStats := flag.Int("readmemstats", 5, "runtime.ReadMemStats calls")
+	gomaxprocs := flag.Int("gomaxprocs", 4, "runtime.GOMAXPROCS changes")
+	allocMB := flag.Int("alloc-mb", 256, "MiB of garbage to allocate (natural GCs)")
+	liveMB := flag.Int("live-mb", 16, "MiB of live heap kept throughout")
+	duration := flag.Duration("duration", 0, "keep allocating until this much time has passed")
+	flag.Parse()
+
+	live := make([][]byte, 0, *liveMB*16)
+	for i := 0; i < *liveMB*16; i++ {
+		live = append(live, make([]byte, 64<<10))
+	}
+	deadline := time.Now().Add(*duration)
+	for round := 0; round == 0 || time.Now().Before(deadline); round++ {
+		churn(*allocMB)
+		for i := 0; i < *gcs; i++ {
+			runtime.GC()
+		}
+		var ms runtime.MemStats
+		for i := 0; i < *readMemStats; i++ {
+			runtime.ReadMemStats(&ms)
+		}
+		procs := runtime.GOMAXPROCS(0)
+		for i := 0; i < *gomaxprocs; i++ {
+			// Alternate so each call really changes the value (an unchanged
+			// value returns without stopping the world).
+			if i%2 == 0 {
+				runtime.GOMAXPROCS(procs + 1)
+			} else {
+				runtime.GOMAXPROCS(procs)
+			}
+		}
+		runtime.GOMAXPROCS(procs)
+	}
+	runtime.KeepAlive(live)
+	report()
+}
+
+// churn allocates n MiB of short-lived garbage.
+func churn(mb int) {
+	for i := 0; i < mb*16; i++ {
+		sink = append(sink, make([]byte, 64<<10))
+		if len(sink) > 64 {
+			sink = sink[:0]
+		}
+	}
+}
+
+func histCount(s metrics.Sample) int64 {
+	if s.Value.Kind() != metrics.KindFloat64Histogram {
+		return -1 // not in this Go version
+	}
+	var n uint64
+	for _, c := range s.Value.Float64Histogram().Counts {
+		n += c
+	}
+	return int64(n)
+}
+
+func report() {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms) // a stop-the-world itself, counted below
+	samples := []metrics.Sample{
+		{Name: "/sched/pauses/total/gc:seconds"},
+		{Name: "/sched/pauses/total/other:seconds"},
+		{Name: "/gc/pauses:seconds"},
+	}
+	metrics.Read(samples)
+	out := map[string]any{
+		"go_version":     runtime.Version(),
+		"pid":            os.Getpid(),
+		"stw_gc":         histCount(samples[0]),
+		"stw_other":      histCount(samples[1]),
+		"gc_pauses":      histCount(samples[2]),
+		"num_gc":         ms.NumGC,
+		"num_forced_gc":  ms.NumForcedGC,
+		"pause_total_ns": ms.PauseTotalNs,
+	}
+	b, _ := json.Marshal(out)
+	fmt.Printf("GOSTW_REPORT %s\n", b)
+}

@@ -1,0 +1,35 @@
+//! Per-CPU health counters kept by the kernel programs: every drop and every
+//! BPF-side failure is counted here and reported by user space, never lost
+//! silently.
+
+/// Index of a counter in the `COUNTERS` per-CPU array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// An event did not fit in the ring buffer.
+    RingbufFull = 0,
+    /// A read of the traced process's memory failed (`bpf_probe_read_user`).
+    ReadUserFailed = 1,
+    /// A per-thread or per-process map was full.
+    MapFull = 2,
+}
+
+impl Counter {
+    /// Every counter, in index order.
+    pub const ALL: [Counter; 3] = [
+        Counter::RingbufFull,
+        Counter::ReadUserFailed,
+        Counter::MapFull,
+    ];
+    /// Number of slots in the `COUNTERS` array.
+    pub const LEN: u32 = Self::ALL.len() as u32;
+
+    /// A stable name for reports and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Counter::RingbufFull => "ringbuf_full",
+            Counter::ReadUserFailed => "read_user_failed",
+            Counter::MapFull => "map_full",
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! Types shared by gostw's kernel programs (`tracer-ebpf`) and its user-space
+//! side (`tracer`). Everything here is `#[repr(C)]` with explicit padding so
+//! both sides agree on the layout byte for byte; sizes are checked at compile
+//! time.
+#![no_std]
+
+pub mod counters;
+pub mod process;
+
+/// Names of the maps the kernel programs define, so user space looks them up
+/// by the same spelling.
+pub mod map_names {
+    pub const TRACED: &str = "TRACED";
+    pub const EVENTS: &str = "EVENTS";
+    pub const COUNTERS: &str = "COUNTERS";
+    pub const PROBE_HITS: &str = "PROBE_HITS";
+}
+
+/// Compile-time size check for a type that crosses the kernel/user boundary.
+#[macro_export]
+macro_rules! assert_size {
+    ($t:ty, $n:expr) => {
+        const _: () = assert!(core::mem::size_of::<$t>() == $n);
+    };
+}

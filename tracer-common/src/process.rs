@@ -1,0 +1,107 @@
+//! What the kernel programs know about each traced process, and the per-probe
+//! hit counters keyed by process.
+
+use crate::assert_size;
+
+/// Which probe a `PROBE_HITS` entry counts.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// `runtime.stopTheWorldWithSema` entry.
+    StopTheWorld = 0,
+    /// A RET of `runtime.startTheWorldWithSema`.
+    StartTheWorldRet = 1,
+    /// `runtime.newstack` entry.
+    Newstack = 2,
+}
+
+/// Key of the `PROBE_HITS` map: one counter per (process, probe).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ProbeHitKey {
+    pub tgid: u32,
+    pub probe: u32,
+}
+assert_size!(ProbeHitKey, 8);
+
+/// Value of the `TRACED` map, keyed by tgid: presence means "trace this
+/// process"; the fields tell the probes how to read this process's Go
+/// runtime structures (they differ between Go versions).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TracedProcess {
+    /// Go version as major*100 + minor (1.22 -> 122).
+    pub go_version: u32,
+    /// Bit flags, see `TracedProcess::FLAG_*`.
+    pub flags: u32,
+    /// Offsets (bytes) of the runtime fields the probes read.
+    pub offsets: GoOffsets,
+}
+assert_size!(TracedProcess, 8 + GoOffsets::SIZE);
+
+impl TracedProcess {
+    /// Version-dependent flag: the pause reason is `m.preemptoff` (Go 1.19/1.20),
+    /// not the `reason` argument.
+    pub const FLAG_REASON_FROM_PREEMPTOFF: u32 = 1 << 0;
+}
+
+/// Byte offsets inside `runtime.g` and `runtime.m` (see GO_RUNTIME.md). A value
+/// of `u16::MAX` means "unknown for this binary".
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GoOffsets {
+    pub g_stack_lo: u16,
+    pub g_stack_hi: u16,
+    pub g_stackguard0: u16,
+    pub g_m: u16,
+    pub g_sched_sp: u16,
+    pub g_sched_pc: u16,
+    pub g_sched_bp: u16,
+    pub g_goid: u16,
+    pub m_morebuf_pc: u16,
+    pub m_procid: u16,
+    pub m_curg: u16,
+    pub m_preemptoff: u16,
+    /// Offset from RSP, at startTheWorldWithSema's RET, of the saved
+    /// `w.startedStopping` (Go 1.22+), as a negative distance in bytes.
+    pub start_rsp_started_stopping: u16,
+    pub _pad: [u16; 3],
+}
+assert_size!(GoOffsets, GoOffsets::SIZE);
+
+impl GoOffsets {
+    /// Size of the struct in bytes.
+    pub const SIZE: usize = 32;
+    /// The value of an offset that is not known.
+    pub const UNKNOWN: u16 = u16::MAX;
+}
+
+impl Default for GoOffsets {
+    fn default() -> Self {
+        GoOffsets {
+            g_stack_lo: Self::UNKNOWN,
+            g_stack_hi: Self::UNKNOWN,
+            g_stackguard0: Self::UNKNOWN,
+            g_m: Self::UNKNOWN,
+            g_sched_sp: Self::UNKNOWN,
+            g_sched_pc: Self::UNKNOWN,
+            g_sched_bp: Self::UNKNOWN,
+            g_goid: Self::UNKNOWN,
+            m_morebuf_pc: Self::UNKNOWN,
+            m_procid: Self::UNKNOWN,
+            m_curg: Self::UNKNOWN,
+            m_preemptoff: Self::UNKNOWN,
+            start_rsp_started_stopping: Self::UNKNOWN,
+            _pad: [0; 3],
+        }
+    }
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: all three are #[repr(C)] plain integers with no implicit padding
+    // (sizes asserted above), so any byte pattern is a valid value.
+    unsafe impl aya::Pod for super::ProbeHitKey {}
+    unsafe impl aya::Pod for super::TracedProcess {}
+    unsafe impl aya::Pod for super::GoOffsets {}
+}

@@ -1,0 +1,21 @@
+//! gostw's kernel programs. One module per probe family; all of them share
+//! the maps in `maps` and check the traced-process map before doing anything,
+//! so processes that are not traced pay only that lookup.
+#![no_std]
+#![no_main]
+
+mod maps;
+mod pause;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier rejects any program that could reach this; it only has to
+    // exist for the compiler.
+    loop {}
+}
+
+/// GPL-compatible so the programs may call `bpf_probe_read_user` and friends.
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

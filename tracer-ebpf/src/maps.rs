@@ -1,0 +1,63 @@
+//! Maps shared by every probe family, and the small helpers around them.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+};
+use tracer_common::{
+    counters::Counter,
+    process::{Probe, ProbeHitKey, TracedProcess},
+};
+
+/// Processes being traced, by tgid. Filled by user space before a process
+/// can reach a probe; every probe checks it first.
+#[map]
+pub static TRACED: HashMap<u32, TracedProcess> = HashMap::with_max_entries(4096, 0);
+
+/// All events to user space.
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
+
+/// Health counters (drops, failed reads), per CPU so they never contend.
+#[map]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::LEN, 0);
+
+/// Hits per (process, probe): what the probes saw, independently of whether
+/// an event made it to user space. Per CPU, so no atomics are needed.
+#[map]
+pub static PROBE_HITS: PerCpuHashMap<ProbeHitKey, u64> = PerCpuHashMap::with_max_entries(16384, 0);
+
+/// The traced-process entry of the current thread's process, if traced.
+#[inline(always)]
+pub fn traced(tgid: u32) -> Option<&'static TracedProcess> {
+    // SAFETY: entries are only inserted and removed by user space; a stale
+    // read at worst attributes one event to a process being detached.
+    unsafe { TRACED.get(&tgid) }
+}
+
+/// Add one to a health counter.
+#[inline(always)]
+pub fn count(counter: Counter) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: per-CPU slot, and BPF programs do not migrate mid-run.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Count one hit of `probe` by process `tgid`.
+#[inline(always)]
+pub fn hit(tgid: u32, probe: Probe) {
+    let key = ProbeHitKey {
+        tgid,
+        probe: probe as u32,
+    };
+    match PROBE_HITS.get_ptr_mut(&key) {
+        // SAFETY: this CPU's slot; BPF programs do not migrate mid-run.
+        Some(n) => unsafe { *n += 1 },
+        None => {
+            if PROBE_HITS.insert(&key, &1, 0).is_err() {
+                count(Counter::MapFull);
+            }
+        }
+    }
+}

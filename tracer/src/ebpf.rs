@@ -1,0 +1,164 @@
+//! The embedded kernel programs: loading them, attaching the Go probes to a
+//! binary, and reading the shared maps.
+
+use std::path::Path;
+
+use anyhow::{Context as _, bail};
+use aya::{
+    Ebpf,
+    maps::{HashMap, PerCpuArray, PerCpuHashMap},
+    programs::{UProbe, uprobe::UProbeScope},
+};
+use tracer_common::{
+    counters::Counter,
+    map_names,
+    process::{Probe, ProbeHitKey, TracedProcess},
+};
+
+/// The object built from `tracer-ebpf` by build.rs.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gostw-ebpf"));
+
+/// Loaded kernel programs and the maps user space talks to.
+pub struct Programs {
+    ebpf: Ebpf,
+}
+
+impl Programs {
+    /// Load every program and map into the kernel (nothing is attached yet).
+    pub fn load() -> anyhow::Result<Self> {
+        if EBPF_OBJECT.is_empty() {
+            bail!(
+                "this gostw was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; \
+                 rebuild it without that variable (cargo xtask setup installs what the build needs)"
+            );
+        }
+        raise_memlock_limit();
+        let ebpf = Ebpf::load(EBPF_OBJECT).map_err(|e| {
+            let hint = if e.to_string().contains("EPERM") || e.to_string().contains("ermission") {
+                " (gostw needs root, or CAP_BPF + CAP_PERFMON)"
+            } else {
+                ""
+            };
+            anyhow::anyhow!("loading the eBPF programs failed{hint}: {e}")
+        })?;
+        Ok(Programs { ebpf })
+    }
+
+    /// Load the named uprobe program if it is not loaded yet.
+    fn uprobe(&mut self, name: &str) -> anyhow::Result<&mut UProbe> {
+        let prog: &mut UProbe = self
+            .ebpf
+            .program_mut(name)
+            .with_context(|| format!("program {name} missing from the eBPF object"))?
+            .try_into()?;
+        if prog.fd().is_err() {
+            prog.load()
+                .with_context(|| format!("the kernel rejected program {name}"))?;
+        }
+        Ok(prog)
+    }
+
+    /// Attach `program` at `file_offset` of the executable at `binary`, for
+    /// every process that runs it (the traced-process map filters).
+    pub fn attach_uprobe(
+        &mut self,
+        program: &str,
+        binary: &Path,
+        file_offset: u64,
+    ) -> anyhow::Result<()> {
+        self.uprobe(program)?
+            .attach(file_offset, binary, UProbeScope::AllProcesses)
+            .with_context(|| {
+                format!(
+                    "attaching {program} to {} at file offset {file_offset:#x}",
+                    binary.display()
+                )
+            })?;
+        Ok(())
+    }
+
+    /// Attach `program` at the entry of the ELF symbol `symbol` of `binary`.
+    pub fn attach_uprobe_symbol(
+        &mut self,
+        program: &str,
+        binary: &Path,
+        symbol: &str,
+    ) -> anyhow::Result<()> {
+        self.uprobe(program)?
+            .attach(symbol, binary, UProbeScope::AllProcesses)
+            .with_context(|| format!("attaching {program} to {symbol} in {}", binary.display()))?;
+        Ok(())
+    }
+
+    /// Start tracing process `tgid`.
+    pub fn trace(&mut self, tgid: u32, process: TracedProcess) -> anyhow::Result<()> {
+        let mut traced: HashMap<_, u32, TracedProcess> =
+            HashMap::try_from(self.map_mut(map_names::TRACED)?)?;
+        traced
+            .insert(tgid, process, 0)
+            .with_context(|| format!("adding pid {tgid} to the traced set"))?;
+        Ok(())
+    }
+
+    /// Stop tracing process `tgid` and forget its per-process state.
+    pub fn untrace(&mut self, tgid: u32) -> anyhow::Result<()> {
+        let mut traced: HashMap<_, u32, TracedProcess> =
+            HashMap::try_from(self.map_mut(map_names::TRACED)?)?;
+        // Already gone is fine: the process may never have been added.
+        let _ = traced.remove(&tgid);
+        Ok(())
+    }
+
+    /// How many times `probe` fired in process `tgid`.
+    pub fn probe_hits(&self, tgid: u32, probe: Probe) -> anyhow::Result<u64> {
+        let hits: PerCpuHashMap<_, ProbeHitKey, u64> =
+            PerCpuHashMap::try_from(self.map(map_names::PROBE_HITS)?)?;
+        let key = ProbeHitKey {
+            tgid,
+            probe: probe as u32,
+        };
+        match hits.get(&key, 0) {
+            Ok(per_cpu) => Ok(per_cpu.iter().sum()),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The kernel-side health counters, summed over CPUs.
+    pub fn counters(&self) -> anyhow::Result<Vec<(Counter, u64)>> {
+        let array: PerCpuArray<_, u64> = PerCpuArray::try_from(self.map(map_names::COUNTERS)?)?;
+        Counter::ALL
+            .iter()
+            .map(|&c| Ok((c, array.get(&(c as u32), 0)?.iter().sum())))
+            .collect()
+    }
+
+    fn map(&self, name: &str) -> anyhow::Result<&aya::maps::Map> {
+        self.ebpf
+            .map(name)
+            .with_context(|| format!("map {name} missing from the eBPF object"))
+    }
+
+    fn map_mut(&mut self, name: &str) -> anyhow::Result<&mut aya::maps::Map> {
+        self.ebpf
+            .map_mut(name)
+            .with_context(|| format!("map {name} missing from the eBPF object"))
+    }
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lift it so large
+/// ring buffers load there too. Failure is harmless on newer kernels.
+fn raise_memlock_limit() {
+    let rlim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain syscall with a valid pointer.
+    let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) };
+    if ret != 0 {
+        log::debug!(
+            "setrlimit(RLIMIT_MEMLOCK) failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}

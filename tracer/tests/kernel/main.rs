@@ -1,0 +1,1 @@
+//! Kernel tests (see support.rs).
