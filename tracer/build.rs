@@ -35,6 +35,10 @@ fn main() -> anyhow::Result<()> {
         fs::write(out_dir.join(EBPF_BIN), [])?;
         return Ok(());
     }
+    // aya-build relays every line the nested cargo prints as a build warning;
+    // keep it to errors.
+    // SAFETY: as above.
+    unsafe { env::set_var("CARGO_TERM_QUIET", "true") };
     aya_build::build_ebpf(
         [aya_build::Package {
             name: "tracer-ebpf",

@@ -32,7 +32,7 @@ pub static PROBE_HITS: PerCpuHashMap<ProbeHitKey, u64> = PerCpuHashMap::with_max
 pub fn traced(tgid: u32) -> Option<&'static TracedProcess> {
     // SAFETY: entries are only inserted and removed by user space; a stale
     // read at worst attributes one event to a process being detached.
-    unsafe { TRACED.get(&tgid) }
+    unsafe { TRACED.get(tgid) }
 }
 
 /// Add one to a health counter.
@@ -51,11 +51,11 @@ pub fn hit(tgid: u32, probe: Probe) {
         tgid,
         probe: probe as u32,
     };
-    match PROBE_HITS.get_ptr_mut(&key) {
+    match PROBE_HITS.get_ptr_mut(key) {
         // SAFETY: this CPU's slot; BPF programs do not migrate mid-run.
         Some(n) => unsafe { *n += 1 },
         None => {
-            if PROBE_HITS.insert(&key, &1, 0).is_err() {
+            if PROBE_HITS.insert(key, 1, 0).is_err() {
                 count(Counter::MapFull);
             }
         }

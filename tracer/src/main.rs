@@ -1,6 +1,6 @@
 //! The `gostw` command line.
 
-use std::{ffi::OsString, process::ExitCode, time::Duration};
+use std::{ffi::OsString, process::ExitCode};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -62,7 +62,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 path.display(),
                 binary.version
             );
-            let _ = Duration::ZERO;
             Ok(ExitCode::from(
                 status.code().unwrap_or(1).clamp(0, 255) as u8
             ))
@@ -74,9 +73,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 fn which_program(program: &std::ffi::OsStr) -> anyhow::Result<std::path::PathBuf> {
     let p = std::path::Path::new(program);
     if p.components().count() > 1 {
-        return Ok(p
-            .canonicalize()
-            .with_context(|| format!("{}", p.display()))?);
+        return p.canonicalize().with_context(|| format!("{}", p.display()));
     }
     std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
         .map(|dir| dir.join(p))

@@ -1,1 +1,43 @@
-fn main() {}
+//! gostw's development tasks. `cargo xtask setup` brings a fresh machine to a
+//! working state; `cargo xtask test` runs every check CI runs; `cargo xtask
+//! demo` traces a bundled Go workload.
+
+mod cmd;
+mod demo;
+mod go;
+mod setup;
+mod test;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing gostw needs (idempotent).
+    Setup(setup::Options),
+    /// Set up, then run formatting, lints, unit tests and kernel tests.
+    Test(test::Options),
+    /// Set up, build, and trace a bundled Go workload with gostw.
+    Demo(demo::Options),
+}
+
+fn main() -> std::process::ExitCode {
+    let result = match Cli::parse().task {
+        Task::Setup(opts) => setup::run(&opts),
+        Task::Test(opts) => test::run(&opts),
+        Task::Demo(opts) => demo::run(&opts),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,7 @@
-//! Kernel tests (see support.rs).
+//! Kernel tests: real eBPF programs loaded into the running kernel, tracing
+//! real Go binaries of every Go version of the matrix. Run serially (they
+//! share kernel state) through `cargo xtask test`.
+
+mod support;
+
+mod stw_probe;

@@ -1,0 +1,155 @@
+//! Shared harness for the kernel tests: root check, the Go toolchains of the
+//! matrix (installed by `cargo xtask setup`, passed in GOSTW_GO_MATRIX),
+//! building the Go workloads under scripts/workloads, and running them traced.
+//!
+//! Failures panic with context: a test that cannot run says why.
+
+#![allow(dead_code, reason = "each test module uses a different part")]
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use serde::Deserialize;
+use tracer::{binary::GoBinary, process::StoppedChild, session::Session};
+
+/// Panic unless running as root: every kernel test loads eBPF programs.
+pub fn require_root() {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("kernel tests load eBPF programs and need root: run `sudo -E cargo xtask test`");
+    }
+}
+
+/// One Go toolchain of the test matrix.
+#[derive(Clone, Debug)]
+pub struct GoToolchain {
+    /// e.g. "1.22.10".
+    pub version: String,
+    pub go: PathBuf,
+}
+
+impl GoToolchain {
+    /// (major, minor), e.g. (1, 22).
+    pub fn major_minor(&self) -> (u32, u32) {
+        let mut it = self.version.split('.').map(|p| p.parse().unwrap_or(0));
+        (it.next().unwrap_or(0), it.next().unwrap_or(0))
+    }
+}
+
+/// The Go toolchains the tests run against.
+pub fn go_matrix() -> Vec<GoToolchain> {
+    let spec = std::env::var("GOSTW_GO_MATRIX").unwrap_or_else(|_| {
+        panic!("GOSTW_GO_MATRIX is not set: run the kernel tests through `cargo xtask test`, which installs the Go toolchains")
+    });
+    spec.split(',')
+        .map(|entry| {
+            let (version, go) = entry
+                .split_once('=')
+                .unwrap_or_else(|| panic!("bad GOSTW_GO_MATRIX entry {entry:?}"));
+            let go = PathBuf::from(go);
+            assert!(
+                go.is_file(),
+                "Go {version}: {} is missing; run `cargo xtask setup`",
+                go.display()
+            );
+            GoToolchain {
+                version: version.to_owned(),
+                go,
+            }
+        })
+        .collect()
+}
+
+/// The newest toolchain of the matrix, for single-version tests.
+pub fn newest_go() -> GoToolchain {
+    go_matrix()
+        .into_iter()
+        .max_by_key(GoToolchain::major_minor)
+        .expect("the Go matrix is empty")
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// Build `scripts/workloads/<name>` with `go`, passing `build_args` to
+/// `go build` (e.g. `-buildmode=pie`, `-ldflags=-s -w`); `variant` names the
+/// output so variants do not overwrite each other.
+pub fn build_workload(name: &str, go: &GoToolchain, variant: &str, build_args: &[&str]) -> PathBuf {
+    let out = workspace_root()
+        .join("target/go-workloads")
+        .join(&go.version)
+        .join(format!("{name}{variant}"));
+    let status = Command::new(&go.go)
+        .current_dir(workspace_root().join("scripts/workloads").join(name))
+        .arg("build")
+        .args(build_args)
+        .arg("-o")
+        .arg(&out)
+        .arg(".")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-buildvcs=false")
+        .env("GOPROXY", "off")
+        .status()
+        .unwrap_or_else(|e| panic!("running {}: {e}", go.go.display()));
+    assert!(
+        status.success(),
+        "building workload {name} with Go {} failed",
+        go.version
+    );
+    out
+}
+
+/// What a workload says of itself at exit (the `GOSTW_REPORT` line of
+/// scripts/workloads/stw). Counts are -1 where the Go version lacks the metric.
+#[derive(Debug, Deserialize)]
+pub struct StwReport {
+    pub go_version: String,
+    pub pid: u32,
+    pub stw_gc: i64,
+    pub stw_other: i64,
+    pub gc_pauses: i64,
+    pub num_gc: u64,
+    pub num_forced_gc: u64,
+    pub pause_total_ns: u64,
+}
+
+/// Find and parse the `GOSTW_REPORT {json}` line of a workload's output.
+pub fn parse_report<T: for<'de> Deserialize<'de>>(stdout: &str) -> T {
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("GOSTW_REPORT "))
+        .unwrap_or_else(|| panic!("workload printed no GOSTW_REPORT line; output:\n{stdout}"));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("bad report {line:?}: {e}"))
+}
+
+/// Run `binary args` under `session`, traced from its first instruction;
+/// returns its pid and standard output once it has exited.
+pub fn run_traced(session: &mut Session, binary: &GoBinary, args: &[&str]) -> (u32, String) {
+    let stopped = StoppedChild::spawn(
+        binary.path.as_os_str(),
+        &args.iter().map(|a| a.as_ref()).collect::<Vec<_>>(),
+        |cmd| {
+            cmd.stdout(Stdio::piped());
+        },
+    )
+    .expect("spawning the workload");
+    let pid = stopped.pid();
+    session
+        .trace_process(pid, binary)
+        .expect("tracing the workload");
+    let child = stopped.resume().expect("resuming the workload");
+    let out = child.wait_with_output().expect("waiting for the workload");
+    assert!(
+        out.status.success(),
+        "workload {} failed: {:?}",
+        binary.path.display(),
+        out.status
+    );
+    (pid, String::from_utf8_lossy(&out.stdout).into_owned())
+}

