@@ -48,7 +48,12 @@ impl Session {
             pid,
             TracedProcess {
                 go_version: binary.version.code(),
-                ..Default::default()
+                flags: if binary.version.code() < 121 {
+                    TracedProcess::FLAG_REASON_FROM_PREEMPTOFF
+                } else {
+                    0
+                },
+                offsets: binary.struct_offsets()?.to_kernel(),
             },
         )
     }

@@ -3,6 +3,7 @@
 //! return).
 
 mod buildinfo;
+pub mod offsets;
 mod rets;
 
 use std::{
@@ -14,6 +15,7 @@ use std::{
 use object::{Object as _, ObjectSymbol as _, elf, read::elf::ProgramHeader as _};
 
 pub use buildinfo::GoVersion;
+pub use offsets::{OffsetSource, StructOffsets};
 
 /// Runtime functions gostw probes.
 pub const STOP_THE_WORLD: &str = "runtime.stopTheWorldWithSema";
@@ -131,6 +133,17 @@ impl GoBinary {
             data,
             symbols,
             exec_segments,
+        })
+    }
+
+    /// The runtime struct offsets of this binary, with their sources.
+    pub fn struct_offsets(&self) -> Result<StructOffsets, BinaryError> {
+        StructOffsets::from_version_table(self.version).ok_or_else(|| BinaryError::Malformed {
+            path: self.path.clone(),
+            reason: format!(
+                "{} is outside gostw's offset table and the binary has no DWARF or type descriptors gostw can read",
+                self.version
+            ),
         })
     }
 

@@ -1,0 +1,152 @@
+//! Byte offsets of the Go runtime struct fields the probes read, and where
+//! each came from. This first source is the per-version table measured on
+//! real builds (see GO_RUNTIME.md); DWARF and the runtime's own type
+//! descriptors take precedence where a binary has them.
+
+use tracer_common::process::GoOffsets;
+
+use super::GoVersion;
+
+/// Where an offset value came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OffsetSource {
+    Dwarf,
+    TypeDescriptors,
+    VersionTable,
+}
+
+/// One field offset and its source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Offset {
+    pub value: u16,
+    pub source: OffsetSource,
+}
+
+/// The offsets gostw needs, by field name (`g.stack.lo`, `m.curg`, ...).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StructOffsets {
+    pub fields: std::collections::BTreeMap<&'static str, Offset>,
+}
+
+/// Field names, in the order of `GoOffsets`.
+pub const FIELDS: &[&str] = &[
+    "g.stack.lo",
+    "g.stack.hi",
+    "g.stackguard0",
+    "g.m",
+    "g.sched.sp",
+    "g.sched.pc",
+    "g.sched.bp",
+    "g.goid",
+    "m.morebuf.pc",
+    "m.procid",
+    "m.curg",
+    "m.preemptoff",
+    "startTheWorldWithSema.ret.rsp_minus.startedStopping",
+];
+
+impl StructOffsets {
+    /// The per-version table; `None` for a version outside it.
+    pub fn from_version_table(v: GoVersion) -> Option<StructOffsets> {
+        if v.major != 1 || !(19..=27).contains(&v.minor) {
+            return None;
+        }
+        let m = v.minor;
+        let (sched_bp, goid, procid, curg, preemptoff) = match m {
+            19..=22 => (104, 152, 72, 192, 248),
+            23..=24 => (104, 160, 72, 192, 248),
+            25 => (96, 152, 64, 184, 240),
+            _ => (96, 152, 64, 184, 248),
+        };
+        let mut fields = std::collections::BTreeMap::new();
+        let mut put = |name: &'static str, value: u16| {
+            fields.insert(
+                name,
+                Offset {
+                    value,
+                    source: OffsetSource::VersionTable,
+                },
+            );
+        };
+        put("g.stack.lo", 0);
+        put("g.stack.hi", 8);
+        put("g.stackguard0", 16);
+        put("g.m", 48);
+        put("g.sched.sp", 56);
+        put("g.sched.pc", 64);
+        put("g.sched.bp", sched_bp);
+        put("g.goid", goid);
+        put("m.morebuf.pc", 16);
+        put("m.procid", procid);
+        put("m.curg", curg);
+        put("m.preemptoff", preemptoff);
+        // Go 1.22+ keeps w.startedStopping 48 bytes below RSP at the RET of
+        // startTheWorldWithSema (measured on amd64 builds of 1.22-1.27).
+        if m >= 22 {
+            put("startTheWorldWithSema.ret.rsp_minus.startedStopping", 48);
+        }
+        Some(StructOffsets { fields })
+    }
+
+    /// The offset of `name`, if known.
+    pub fn get(&self, name: &str) -> Option<u16> {
+        self.fields.get(name).map(|o| o.value)
+    }
+
+    /// The form the kernel programs take; unknown fields are `GoOffsets::UNKNOWN`.
+    pub fn to_kernel(&self) -> GoOffsets {
+        let g = |name| self.get(name).unwrap_or(GoOffsets::UNKNOWN);
+        GoOffsets {
+            g_stack_lo: g("g.stack.lo"),
+            g_stack_hi: g("g.stack.hi"),
+            g_stackguard0: g("g.stackguard0"),
+            g_m: g("g.m"),
+            g_sched_sp: g("g.sched.sp"),
+            g_sched_pc: g("g.sched.pc"),
+            g_sched_bp: g("g.sched.bp"),
+            g_goid: g("g.goid"),
+            m_morebuf_pc: g("m.morebuf.pc"),
+            m_procid: g("m.procid"),
+            m_curg: g("m.curg"),
+            m_preemptoff: g("m.preemptoff"),
+            start_rsp_started_stopping: g("startTheWorldWithSema.ret.rsp_minus.startedStopping"),
+            _pad: [0; 3],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(minor: u32) -> GoVersion {
+        GoVersion {
+            major: 1,
+            minor,
+            patch: 0,
+        }
+    }
+
+    #[test]
+    fn table_matches_measured_layouts() {
+        let t = StructOffsets::from_version_table(v(25)).unwrap();
+        assert_eq!(t.get("m.preemptoff"), Some(240));
+        assert_eq!(t.get("g.sched.bp"), Some(96));
+        let t = StructOffsets::from_version_table(v(23)).unwrap();
+        assert_eq!(t.get("g.goid"), Some(160));
+        assert_eq!(
+            StructOffsets::from_version_table(v(19))
+                .unwrap()
+                .get("startTheWorldWithSema.ret.rsp_minus.startedStopping"),
+            None
+        );
+        assert!(StructOffsets::from_version_table(v(30)).is_none());
+    }
+
+    #[test]
+    fn unknown_fields_become_the_kernel_sentinel() {
+        let k = StructOffsets::default().to_kernel();
+        assert_eq!(k.m_curg, GoOffsets::UNKNOWN);
+    }
+}
