@@ -5,6 +5,7 @@
 #![no_std]
 
 pub mod counters;
+pub mod event;
 pub mod process;
 
 /// Names of the maps the kernel programs define, so user space looks them up

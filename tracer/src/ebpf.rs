@@ -133,6 +133,15 @@ impl Programs {
             .collect()
     }
 
+    /// Take the `EVENTS` ring buffer (once) for an `EventReader`.
+    pub fn take_events(&mut self) -> anyhow::Result<aya::maps::RingBuf<aya::maps::MapData>> {
+        let map = self
+            .ebpf
+            .take_map(map_names::EVENTS)
+            .context("the EVENTS ring buffer was already taken")?;
+        Ok(aya::maps::RingBuf::try_from(map)?)
+    }
+
     fn map(&self, name: &str) -> anyhow::Result<&aya::maps::Map> {
         self.ebpf
             .map(name)

@@ -3,5 +3,6 @@
 
 pub mod binary;
 pub mod ebpf;
+pub mod events;
 pub mod process;
 pub mod session;

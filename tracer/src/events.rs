@@ -1,0 +1,123 @@
+//! Reading the `EVENTS` ring buffer: raw bytes in, checked typed events out.
+//! Decoding never trusts the kernel's bytes to be aligned or long enough.
+
+use std::os::fd::AsRawFd as _;
+
+use aya::maps::{MapData, RingBuf};
+use tokio::io::unix::AsyncFd;
+use tracer_common::event::{EventHeader, EventKind};
+
+/// Why an event could not be decoded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("event of {got} bytes, {kind:?} needs {need}")]
+    TooShort {
+        kind: Option<EventKind>,
+        got: usize,
+        need: usize,
+    },
+    #[error("unknown event kind {0}")]
+    UnknownKind(u32),
+}
+
+/// Copy a `T` out of the front of `bytes` (length-checked, unaligned read).
+pub fn read_pod<T: aya::Pod>(bytes: &[u8]) -> Result<T, DecodeError> {
+    let need = std::mem::size_of::<T>();
+    if bytes.len() < need {
+        return Err(DecodeError::TooShort {
+            kind: None,
+            got: bytes.len(),
+            need,
+        });
+    }
+    // SAFETY: length checked above; T is Pod, so any bytes are a valid T.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+/// The header and kind of a raw event.
+pub fn header(bytes: &[u8]) -> Result<(EventHeader, EventKind), DecodeError> {
+    let h: EventHeader = read_pod(bytes)?;
+    let kind = EventKind::from_u32(h.kind).ok_or(DecodeError::UnknownKind(h.kind))?;
+    Ok((h, kind))
+}
+
+/// Decode a whole event of type `T` (which starts with an `EventHeader`).
+pub fn decode<T: aya::Pod>(kind: EventKind, bytes: &[u8]) -> Result<T, DecodeError> {
+    read_pod(bytes).map_err(|e| match e {
+        DecodeError::TooShort { got, need, .. } => DecodeError::TooShort {
+            kind: Some(kind),
+            got,
+            need,
+        },
+        other => other,
+    })
+}
+
+/// Async reader over the ring buffer.
+pub struct EventReader {
+    ring: AsyncFd<RingBuf<MapData>>,
+}
+
+impl EventReader {
+    /// Wrap the `EVENTS` map taken from the loaded programs.
+    pub fn new(ring: RingBuf<MapData>) -> std::io::Result<Self> {
+        debug_assert!(ring.as_raw_fd() >= 0);
+        // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged,
+        // for as long as it lives, and the AsyncFd owns the RingBuf.
+        let ring = unsafe { AsyncFd::register(ring) }.map_err(std::io::Error::from)?;
+        Ok(EventReader { ring })
+    }
+
+    /// Wait until events are available, then hand each to `f`. Returns how
+    /// many were handled.
+    pub async fn read_batch(&mut self, mut f: impl FnMut(&[u8])) -> std::io::Result<usize> {
+        let mut guard = self.ring.readable_mut().await?;
+        let ring = guard.get_inner_mut();
+        let mut n = 0;
+        while let Some(item) = ring.next() {
+            f(&item);
+            n += 1;
+        }
+        guard.clear_ready();
+        Ok(n)
+    }
+
+    /// Hand every event already in the buffer to `f`, without waiting.
+    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
+        let ring = self.ring.get_mut();
+        let mut n = 0;
+        while let Some(item) = ring.next() {
+            f(&item);
+            n += 1;
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_and_unknown_events_are_errors_not_panics() {
+        assert!(matches!(
+            header(&[0u8; 10]),
+            Err(DecodeError::TooShort { .. })
+        ));
+        let mut b = [0u8; 24];
+        b[0] = 99;
+        assert_eq!(header(&b), Err(DecodeError::UnknownKind(99)));
+        b[0] = EventKind::Pause as u8;
+        b[4] = 7;
+        let (h, k) = header(&b[..]).unwrap();
+        assert_eq!((h.tgid, k), (7, EventKind::Pause));
+    }
+
+    #[test]
+    fn unaligned_input_decodes() {
+        let mut buf = [0u8; 25];
+        buf[1] = EventKind::Fault as u8;
+        let (_, k) = header(&buf[1..]).unwrap();
+        assert_eq!(k, EventKind::Fault);
+    }
+}
