@@ -12,6 +12,7 @@ use aya::{
 use tracer_common::{
     counters::Counter,
     map_names,
+    pause::PauseWindow,
     process::{Probe, ProbeHitKey, TracedProcess},
 };
 
@@ -106,6 +107,14 @@ impl Programs {
             HashMap::try_from(self.map_mut(map_names::TRACED)?)?;
         // Already gone is fine: the process may never have been added.
         let _ = traced.remove(&tgid);
+        Ok(())
+    }
+
+    /// Drop the open pause window of `tgid`, if any (it exited mid-pause).
+    pub fn forget_pause_window(&mut self, tgid: u32) -> anyhow::Result<()> {
+        let mut windows: HashMap<_, u32, PauseWindow> =
+            HashMap::try_from(self.map_mut(map_names::PAUSE_WINDOWS)?)?;
+        let _ = windows.remove(&tgid);
         Ok(())
     }
 
