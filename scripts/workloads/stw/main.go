@@ -23,6 +23,7 @@ func main() {
 	allocMB := flag.Int("alloc-mb", 256, "MiB of garbage to allocate (natural GCs)")
 	liveMB := flag.Int("live-mb", 16, "MiB of live heap kept throughout")
 	duration := flag.Duration("duration", 0, "keep allocating until this much time has passed")
+	exitCode := flag.Int("exit-code", 0, "exit with this code after the report")
 	flag.Parse()
 
 	live := make([][]byte, 0, *liveMB*16)
@@ -53,6 +54,7 @@ func main() {
 	}
 	runtime.KeepAlive(live)
 	report()
+	os.Exit(*exitCode)
 }
 
 // churn allocates n MiB of short-lived garbage.
@@ -76,7 +78,25 @@ func histCount(s metrics.Sample) int64 {
 	return int64(n)
 }
 
+// pauseNs returns MemStats.PauseNs of each GC cycle still in the ring, oldest
+// first: per cycle, sweep termination plus mark termination as Go counts them.
+func pauseNs(ms *runtime.MemStats) []uint64 {
+	n := int(ms.NumGC)
+	if n > len(ms.PauseNs) {
+		n = len(ms.PauseNs)
+	}
+	out := make([]uint64, 0, n)
+	for i := int(ms.NumGC) - n; i < int(ms.NumGC); i++ {
+		out = append(out, ms.PauseNs[i%len(ms.PauseNs)])
+	}
+	return out
+}
+
 func report() {
+	// Finish any GC cycle in progress (and run one more), so no cycle is
+	// half counted: its sweep termination would already be in the pause
+	// metrics and in a tracer's view, but not yet in PauseTotalNs.
+	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms) // a stop-the-world itself, counted below
 	samples := []metrics.Sample{
@@ -94,6 +114,7 @@ func report() {
 		"num_gc":         ms.NumGC,
 		"num_forced_gc":  ms.NumForcedGC,
 		"pause_total_ns": ms.PauseTotalNs,
+		"pause_ns":       pauseNs(&ms),
 	}
 	b, _ := json.Marshal(out)
 	fmt.Printf("GOSTW_REPORT %s\n", b)
