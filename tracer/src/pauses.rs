@@ -29,7 +29,10 @@ const REASONS: &[(&str, &str)] = &[
     ("test_count_pages_in_use", "CountPagesInUse (test)"),
     ("test_read_metrics_slow", "ReadMetricsSlow (test)"),
     ("test_read_mem_stats_slow", "ReadMemStatsSlow (test)"),
-    ("test_page_cache_pages_leaked", "PageCachePagesLeaked (test)"),
+    (
+        "test_page_cache_pages_leaked",
+        "PageCachePagesLeaked (test)",
+    ),
     ("test_reset_debug_log", "ResetDebugLog (test)"),
 ];
 
@@ -299,7 +302,9 @@ impl PauseTracker {
             .entry(rec.stw_reason())
             .or_insert_with(ReasonStats::new)
             .add(rec.duration_ns);
-        let at = p.worst.partition_point(|w| w.duration_ns >= rec.duration_ns);
+        let at = p
+            .worst
+            .partition_point(|w| w.duration_ns >= rec.duration_ns);
         if at < self.worst_kept {
             p.worst.insert(at, rec.clone());
             p.worst.truncate(self.worst_kept);
@@ -327,7 +332,14 @@ mod tests {
 
     use super::*;
 
-    fn event(pid: u32, reason: u32, stop: u64, started: Option<u64>, now: u64, ret: u64) -> PauseEvent {
+    fn event(
+        pid: u32,
+        reason: u32,
+        stop: u64,
+        started: Option<u64>,
+        now: u64,
+        ret: u64,
+    ) -> PauseEvent {
         PauseEvent {
             header: EventHeader {
                 kind: EventKind::Pause as u32,
@@ -379,7 +391,10 @@ mod tests {
 
     #[test]
     fn without_go_start_the_probe_opens_and_go_now_closes() {
-        let r = record(&event(1, 9, 1_000, None, 2_500, 2_600), WallClock::default());
+        let r = record(
+            &event(1, 9, 1_000, None, 2_500, 2_600),
+            WallClock::default(),
+        );
         assert_eq!(r.duration_ns, 1_500);
         assert_eq!(r.duration_source, DurationSource::Probe);
         assert_eq!(r.go_duration_ns, None);
@@ -390,11 +405,17 @@ mod tests {
     fn implausible_go_times_fall_back_to_the_probes() {
         // startedStopping before the entry probe: the stack slot held
         // something else.
-        let r = record(&event(1, 2, 1_000, Some(5), 2_000, 2_100), WallClock::default());
+        let r = record(
+            &event(1, 2, 1_000, Some(5), 2_000, 2_100),
+            WallClock::default(),
+        );
         assert_eq!(r.duration_source, DurationSource::Probe);
         assert_eq!(r.duration_ns, 1_000);
         // Go's now outside the window: the RET probe closes it.
-        let r = record(&event(1, 2, 1_000, None, 99_999, 2_100), WallClock::default());
+        let r = record(
+            &event(1, 2, 1_000, None, 99_999, 2_100),
+            WallClock::default(),
+        );
         assert_eq!(r.duration_ns, 1_100);
     }
 

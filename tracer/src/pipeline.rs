@@ -105,8 +105,7 @@ mod tests {
 
     fn bytes<T: aya::Pod>(v: &T) -> Vec<u8> {
         // SAFETY: T is Pod: plain bytes, no padding.
-        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
-            .to_vec()
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
     }
 
     fn pause(pid: u32) -> PauseEvent {

@@ -17,7 +17,9 @@ use crate::binary::{BinaryError, GoBinary};
 pub enum TargetError {
     #[error("no process with pid {0} (it has exited, or never existed)")]
     NoSuchProcess(u32),
-    #[error("cannot read /proc/{pid}/exe: {source}; gostw needs root to trace another user's process")]
+    #[error(
+        "cannot read /proc/{pid}/exe: {source}; gostw needs root to trace another user's process"
+    )]
     NoAccess { pid: u32, source: io::Error },
     #[error("pid {pid} ({exe}) is not a Go program: gostw traces Go programs (Go 1.19 or later)")]
     NotGo { pid: u32, exe: String },

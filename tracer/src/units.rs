@@ -23,7 +23,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "s" => 1e9,
         "m" => 60e9,
         "h" => 3600e9,
-        _ => return Err(format!("unknown unit {unit:?} in {s:?} (use ns, us, ms, s, m or h)")),
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?} in {s:?} (use ns, us, ms, s, m or h)"
+            ));
+        }
     };
     Ok(Duration::from_nanos((value * ns_per).round() as u64))
 }
