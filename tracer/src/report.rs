@@ -101,7 +101,7 @@ impl Summary {
                         p90_ns: s.quantile_ns(0.9),
                         p99_ns: s.quantile_ns(0.99),
                         p999_ns: s.quantile_ns(0.999),
-                        max_ns: s.max_ns(),
+                        max_ns: s.max_ns,
                     })
                     .collect();
                 ProcessSummary {

@@ -1,7 +1,7 @@
 //! `cargo xtask demo`: the README's first command. Builds gostw and a bundled
 //! Go workload, then traces the workload with `gostw run`.
 
-use std::process::Command;
+use std::{path::PathBuf, process::Command};
 
 use anyhow::bail;
 
@@ -37,10 +37,24 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         "--bin",
         "gostw",
     ]))?;
-    step(&format!("build the bundled workload with Go {}", opts.go));
+    let out = build_stw_workload(toolchain, &opts.go)?;
+    step(
+        "gostw run --threshold 200us -- stw (forced GCs, ReadMemStats and GOMAXPROCS calls): \
+         a line per pause of 200 us or more, then the summary",
+    );
+    exec(
+        Command::new(workspace_root().join("target/release/gostw"))
+            .args(["run", "--threshold", "200us", "--"])
+            .arg(&out),
+    )
+}
+
+/// Build the bundled `stw` workload with `toolchain`; returns the binary.
+pub fn build_stw_workload(toolchain: go::Toolchain, version: &str) -> anyhow::Result<PathBuf> {
+    step(&format!("build the bundled workload with Go {version}"));
     let out = workspace_root()
         .join("target/go-workloads")
-        .join(&opts.go)
+        .join(version)
         .join("stw");
     exec(
         Command::new(toolchain.go())
@@ -51,11 +65,5 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             .env("GOTOOLCHAIN", "local")
             .env("GOFLAGS", "-buildvcs=false"),
     )?;
-    step("gostw run -- stw (a workload with forced GCs, ReadMemStats and GOMAXPROCS calls)");
-    exec(
-        Command::new(workspace_root().join("target/release/gostw"))
-            .arg("run")
-            .arg("--")
-            .arg(&out),
-    )
+    Ok(out)
 }

@@ -14,7 +14,11 @@ import (
 	"time"
 )
 
-var sink [][]byte
+var (
+	sink         [][]byte
+	allocatedMiB int
+	elapsed      time.Duration
+)
 
 func main() {
 	gcs := flag.Int("gc", 20, "forced GCs (runtime.GC)")
@@ -30,9 +34,11 @@ func main() {
 	for i := 0; i < *liveMB*16; i++ {
 		live = append(live, make([]byte, 64<<10))
 	}
-	deadline := time.Now().Add(*duration)
+	start := time.Now()
+	deadline := start.Add(*duration)
 	for round := 0; round == 0 || time.Now().Before(deadline); round++ {
 		churn(*allocMB)
+		allocatedMiB += *allocMB
 		for i := 0; i < *gcs; i++ {
 			runtime.GC()
 		}
@@ -53,6 +59,7 @@ func main() {
 		runtime.GOMAXPROCS(procs)
 	}
 	runtime.KeepAlive(live)
+	elapsed = time.Since(start)
 	report()
 	os.Exit(*exitCode)
 }
@@ -115,6 +122,8 @@ func report() {
 		"num_forced_gc":  ms.NumForcedGC,
 		"pause_total_ns": ms.PauseTotalNs,
 		"pause_ns":       pauseNs(&ms),
+		"allocated_mib":  allocatedMiB,
+		"elapsed_ns":     elapsed.Nanoseconds(),
 	}
 	b, _ := json.Marshal(out)
 	fmt.Printf("GOSTW_REPORT %s\n", b)

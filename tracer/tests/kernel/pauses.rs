@@ -270,13 +270,15 @@ fn run_passes_on_the_exit_code_and_prints_a_text_summary() {
     }
 }
 
-/// `gostw attach --pid` to a running program: records only of that pid, no
-/// more pauses than Go counted, and the trace ends when the program exits.
+/// `gostw attach --pid` to a running program (a PIE build: uprobes take file
+/// offsets, so the load address does not matter): records only of that pid,
+/// no more pauses than Go counted, and the trace ends when the program exits.
 #[test]
 fn attach_traces_a_running_program_until_it_exits() {
     require_root();
     let go = newest_go();
-    let path = build_workload("stw", &go, "", &[]);
+    let path = build_workload("stw", &go, "-pie", &["-buildmode=pie"]);
+    assert!(GoBinary::open(&path).unwrap().pie);
     let workload = Command::new(&path)
         .args(["-duration", "4s", "-alloc-mb", "32", "-gc", "2"])
         .stdout(Stdio::piped())

@@ -1,0 +1,143 @@
+//! `cargo xtask bench NAME`: overhead measurements, traced against untraced
+//! runs of the same Go workload, interleaved so drifts in machine load hit
+//! both sides alike. A benchmark prints figures; it does not pass or fail.
+
+use std::process::Command;
+
+use anyhow::{Context as _, bail};
+
+use crate::{
+    cmd::{exec, output, step, workspace_root},
+    go, setup,
+};
+
+#[derive(clap::Args)]
+pub struct Options {
+    /// Which benchmark: `pauses` (stop-the-world probes on a GC-heavy workload).
+    pub name: String,
+    /// Untraced/traced pairs to run.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: u32,
+    /// Seconds each workload run lasts.
+    #[arg(long, default_value_t = 3)]
+    pub seconds: u32,
+    /// Go version of the workload.
+    #[arg(long, default_value = go::DEFAULT)]
+    pub go: String,
+}
+
+pub fn run(opts: &Options) -> anyhow::Result<()> {
+    match opts.name.as_str() {
+        "pauses" => pauses(opts),
+        other => bail!("unknown benchmark {other:?} (known: pauses)"),
+    }
+}
+
+/// One workload run: what it did and how fast.
+struct Sample {
+    mib_per_s: f64,
+    pauses_per_s: f64,
+}
+
+/// The stw workload allocating as fast as it can with a small live heap: a
+/// GC cycle (two pauses) every few milliseconds. Throughput is MiB of garbage
+/// allocated per second; tracing costs two uprobe hits per pause.
+fn pauses(opts: &Options) -> anyhow::Result<()> {
+    let Some(toolchain) = go::toolchain(&opts.go) else {
+        bail!("Go {} is not in the matrix", opts.go);
+    };
+    if !setup::is_root() {
+        bail!("gostw loads eBPF programs and needs root: run `sudo -E cargo xtask bench pauses`");
+    }
+    step("build gostw (release)");
+    exec(Command::new("cargo").current_dir(workspace_root()).args([
+        "build",
+        "--release",
+        "--package",
+        "tracer",
+        "--bin",
+        "gostw",
+    ]))?;
+    let gostw = workspace_root().join("target/release/gostw");
+    let workload = crate::demo::build_stw_workload(toolchain, &opts.go)?;
+    let duration = format!("{}s", opts.seconds);
+    let args = [
+        "-duration",
+        duration.as_str(),
+        "-gc",
+        "0",
+        "-readmemstats",
+        "0",
+        "-gomaxprocs",
+        "0",
+        "-live-mb",
+        "4",
+        "-alloc-mb",
+        "32",
+    ];
+    step(&format!(
+        "{} rounds of untraced then traced, {}s each (Go {})",
+        opts.rounds, opts.seconds, opts.go
+    ));
+    let mut untraced = Vec::new();
+    let mut traced = Vec::new();
+    for round in 1..=opts.rounds {
+        let u = sample(Command::new(&workload).args(args))?;
+        let t = sample(
+            Command::new(&gostw)
+                .args(["run", "--json", "--output", "/dev/null", "--"])
+                .arg(&workload)
+                .args(args),
+        )?;
+        eprintln!(
+            "round {round}: untraced {:.0} MiB/s ({:.0} pauses/s), traced {:.0} MiB/s ({:.0} pauses/s): {:.3}",
+            u.mib_per_s,
+            u.pauses_per_s,
+            t.mib_per_s,
+            t.pauses_per_s,
+            t.mib_per_s / u.mib_per_s
+        );
+        untraced.push(u);
+        traced.push(t);
+    }
+    let total = |s: &[Sample]| s.iter().map(|x| x.mib_per_s).sum::<f64>();
+    let ratios: Vec<f64> = traced
+        .iter()
+        .zip(&untraced)
+        .map(|(t, u)| t.mib_per_s / u.mib_per_s)
+        .collect();
+    println!(
+        "pauses: traced/untraced throughput {:.3} (mean of rounds; per round {}), {:.0} pauses/s traced",
+        total(&traced) / total(&untraced),
+        ratios
+            .iter()
+            .map(|r| format!("{r:.3}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        traced.iter().map(|t| t.pauses_per_s).sum::<f64>() / traced.len() as f64
+    );
+    Ok(())
+}
+
+/// Run the workload (maybe under gostw) and read its GOSTW_REPORT.
+fn sample(cmd: &mut Command) -> anyhow::Result<Sample> {
+    let out = output(cmd)?;
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("GOSTW_REPORT "))
+        .context("the workload printed no GOSTW_REPORT")?;
+    let v: serde_json::Value = serde_json::from_str(line)?;
+    let num = |k: &str| {
+        v[k].as_f64()
+            .with_context(|| format!("{k} missing from the report"))
+    };
+    let secs = num("elapsed_ns")? / 1e9;
+    let pauses = match num("stw_gc").ok().filter(|n| *n >= 0.0) {
+        Some(gc) => gc + num("stw_other")?,
+        None => num("gc_pauses")?,
+    };
+    Ok(Sample {
+        mib_per_s: num("allocated_mib")? / secs,
+        pauses_per_s: pauses / secs,
+    })
+}
