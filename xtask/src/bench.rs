@@ -16,7 +16,7 @@ pub struct Options {
     /// Which benchmark: `pauses` (stop-the-world probes on a GC-heavy workload).
     pub name: String,
     /// Untraced/traced pairs to run.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 7)]
     pub rounds: u32,
     /// Seconds each workload run lasts.
     #[arg(long, default_value_t = 3)]
@@ -35,7 +35,12 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
 
 /// One workload run: what it did and how fast.
 struct Sample {
+    /// Garbage allocated per second of wall-clock time.
     mib_per_s: f64,
+    /// Garbage allocated per second of the workload's own CPU time (user +
+    /// system, which includes the uprobe traps): on a shared machine this
+    /// moves far less with other load than the wall-clock figure.
+    mib_per_cpu_s: f64,
     pauses_per_s: f64,
 }
 
@@ -79,8 +84,9 @@ fn pauses(opts: &Options) -> anyhow::Result<()> {
         "{} rounds of untraced then traced, {}s each (Go {})",
         opts.rounds, opts.seconds, opts.go
     ));
-    let mut untraced = Vec::new();
-    let mut traced = Vec::new();
+    let mut wall = Vec::new();
+    let mut cpu = Vec::new();
+    let mut pauses = Vec::new();
     for round in 1..=opts.rounds {
         let u = sample(Command::new(&workload).args(args))?;
         let t = sample(
@@ -90,33 +96,30 @@ fn pauses(opts: &Options) -> anyhow::Result<()> {
                 .args(args),
         )?;
         eprintln!(
-            "round {round}: untraced {:.0} MiB/s ({:.0} pauses/s), traced {:.0} MiB/s ({:.0} pauses/s): {:.3}",
-            u.mib_per_s,
-            u.pauses_per_s,
-            t.mib_per_s,
-            t.pauses_per_s,
-            t.mib_per_s / u.mib_per_s
+            "round {round}: untraced {:.0} MiB/s, {:.0} MiB/CPU-s; traced {:.0} MiB/s, {:.0} MiB/CPU-s, {:.0} pauses/s",
+            u.mib_per_s, u.mib_per_cpu_s, t.mib_per_s, t.mib_per_cpu_s, t.pauses_per_s
         );
-        untraced.push(u);
-        traced.push(t);
+        wall.push(t.mib_per_s / u.mib_per_s);
+        cpu.push(t.mib_per_cpu_s / u.mib_per_cpu_s);
+        pauses.push(t.pauses_per_s);
     }
-    let total = |s: &[Sample]| s.iter().map(|x| x.mib_per_s).sum::<f64>();
-    let ratios: Vec<f64> = traced
-        .iter()
-        .zip(&untraced)
-        .map(|(t, u)| t.mib_per_s / u.mib_per_s)
-        .collect();
     println!(
-        "pauses: traced/untraced throughput {:.3} (mean of rounds; per round {}), {:.0} pauses/s traced",
-        total(&traced) / total(&untraced),
-        ratios
-            .iter()
-            .map(|r| format!("{r:.3}"))
-            .collect::<Vec<_>>()
-            .join(" "),
-        traced.iter().map(|t| t.pauses_per_s).sum::<f64>() / traced.len() as f64
+        "pauses: traced/untraced throughput per CPU second {:.3} (median of {} rounds; min {:.3}, max {:.3}); \
+         per wall-clock second {:.3}; {:.0} pauses/s traced",
+        median(&mut cpu),
+        opts.rounds,
+        cpu[0],
+        cpu[cpu.len() - 1],
+        median(&mut wall),
+        median(&mut pauses)
     );
     Ok(())
+}
+
+/// The median (sorts `v`).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// Run the workload (maybe under gostw) and read its GOSTW_REPORT.
@@ -136,8 +139,10 @@ fn sample(cmd: &mut Command) -> anyhow::Result<Sample> {
         Some(gc) => gc + num("stw_other")?,
         None => num("gc_pauses")?,
     };
+    let mib = num("allocated_mib")?;
     Ok(Sample {
-        mib_per_s: num("allocated_mib")? / secs,
+        mib_per_s: mib / secs,
+        mib_per_cpu_s: mib / (num("cpu_ns")? / 1e9),
         pauses_per_s: pauses / secs,
     })
 }

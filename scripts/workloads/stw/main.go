@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/metrics"
+	"syscall"
 	"time"
 )
 
@@ -99,6 +100,15 @@ func pauseNs(ms *runtime.MemStats) []uint64 {
 	return out
 }
 
+// cpuNs is the CPU time (user + system) the process has used, every thread.
+func cpuNs() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return -1
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
 func report() {
 	// Finish any GC cycle in progress (and run one more), so no cycle is
 	// half counted: its sweep termination would already be in the pause
@@ -124,6 +134,7 @@ func report() {
 		"pause_ns":       pauseNs(&ms),
 		"allocated_mib":  allocatedMiB,
 		"elapsed_ns":     elapsed.Nanoseconds(),
+		"cpu_ns":         cpuNs(),
 	}
 	b, _ := json.Marshal(out)
 	fmt.Printf("GOSTW_REPORT %s\n", b)
