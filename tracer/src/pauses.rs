@@ -245,9 +245,10 @@ impl ReasonStats {
         self.histogram.saturating_record(ns);
     }
 
-    /// Duration at quantile `q` (0..=1), HDR precision.
+    /// Duration at quantile `q` (0..=1), HDR precision (never above the
+    /// exact maximum, which HDR's rounding up could otherwise pass).
     pub fn quantile_ns(&self, q: f64) -> u64 {
-        self.histogram.value_at_quantile(q)
+        self.histogram.value_at_quantile(q).min(self.max_ns)
     }
 }
 
