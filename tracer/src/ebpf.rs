@@ -35,7 +35,10 @@ impl Programs {
         }
         raise_memlock_limit();
         let ebpf = Ebpf::load(EBPF_OBJECT).map_err(|e| {
-            let hint = if e.to_string().contains("EPERM") || e.to_string().contains("ermission") {
+            // SAFETY: no preconditions.
+            let root = unsafe { libc::geteuid() } == 0;
+            let msg = e.to_string();
+            let hint = if !root || msg.contains("EPERM") || msg.contains("ermission") {
                 " (gostw needs root, or CAP_BPF + CAP_PERFMON)"
             } else {
                 ""

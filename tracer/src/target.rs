@@ -18,21 +18,23 @@ pub enum TargetError {
     #[error("no process with pid {0} (it has exited, or never existed)")]
     NoSuchProcess(u32),
     #[error(
-        "cannot read /proc/{pid}/exe: {source}; gostw needs root to trace another user's process"
+        "cannot read /proc/{pid}/exe: {error}; gostw needs root to trace another user's process"
     )]
-    NoAccess { pid: u32, source: io::Error },
+    NoAccess { pid: u32, error: io::Error },
     #[error("pid {pid} ({exe}) is not a Go program: gostw traces Go programs (Go 1.19 or later)")]
     NotGo { pid: u32, exe: String },
-    #[error("pid {pid} ({exe}): {source}")]
+    #[error("pid {pid} ({exe}): {error}")]
     Binary {
         pid: u32,
         exe: String,
-        source: BinaryError,
+        error: BinaryError,
     },
     #[error("pid {0} exited while gostw was attaching to it")]
     ExitedDuringAttach(u32),
-    #[error("pidfd_open({pid}): {source}")]
-    Pidfd { pid: u32, source: io::Error },
+    #[error("{0} is a thread id, not a process id: use the Tgid of /proc/{0}/status")]
+    Thread(u32),
+    #[error("pidfd_open({pid}): {error}")]
+    Pidfd { pid: u32, error: io::Error },
 }
 
 /// A handle on a process that says when it has exited.
@@ -48,10 +50,14 @@ impl ExitWatch {
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
         if fd < 0 {
             let e = io::Error::last_os_error();
-            return Err(if e.raw_os_error() == Some(libc::ESRCH) {
-                TargetError::NoSuchProcess(pid)
-            } else {
-                TargetError::Pidfd { pid, source: e }
+            return Err(match e.raw_os_error() {
+                // pidfd_open takes only thread-group leaders: other threads
+                // get EINVAL (ENOENT from 6.9).
+                Some(libc::EINVAL | libc::ENOENT) if tgid_of(pid).is_some_and(|t| t != pid) => {
+                    TargetError::Thread(pid)
+                }
+                Some(libc::ESRCH | libc::EINVAL | libc::ENOENT) => TargetError::NoSuchProcess(pid),
+                _ => TargetError::Pidfd { pid, error: e },
             });
         }
         // SAFETY: fd is a fresh descriptor nobody else owns.
@@ -59,9 +65,9 @@ impl ExitWatch {
         // SAFETY: the OwnedFd keeps its descriptor open and unchanged for as
         // long as it lives, and the AsyncFd owns it.
         let fd = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
-            .map_err(|source| TargetError::Pidfd {
+            .map_err(|e| TargetError::Pidfd {
                 pid,
-                source: source.into(),
+                error: e.into(),
             })?;
         Ok(ExitWatch { pid, fd })
     }
@@ -87,6 +93,17 @@ impl ExitWatch {
         // SAFETY: one valid pollfd, no wait.
         unsafe { libc::poll(&mut p, 1, 0) > 0 }
     }
+}
+
+/// The process (thread group) id of thread `tid`, from /proc.
+fn tgid_of(tid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// A live process to attach to: its executable (analysed) and exit watch.
@@ -122,7 +139,7 @@ impl LiveTarget {
                     exe: "no executable".into(),
                 }));
             }
-            Err(source) => return Err(gone_or(TargetError::NoAccess { pid, source })),
+            Err(error) => return Err(gone_or(TargetError::NoAccess { pid, error })),
         };
         let binary = GoBinary::open(&exe).map_err(|e| {
             gone_or(match e {
@@ -133,12 +150,12 @@ impl LiveTarget {
                 BinaryError::Read { source, .. }
                     if source.kind() == io::ErrorKind::PermissionDenied =>
                 {
-                    TargetError::NoAccess { pid, source }
+                    TargetError::NoAccess { pid, error: source }
                 }
-                source => TargetError::Binary {
+                error => TargetError::Binary {
                     pid,
                     exe: exe_name.clone(),
-                    source,
+                    error,
                 },
             })
         })?;

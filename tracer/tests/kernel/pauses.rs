@@ -349,8 +349,8 @@ fn attach_stops_after_its_duration() {
     let _ = workload.wait();
 }
 
-/// A gone pid and a non-Go pid each get one clear error line and a
-/// non-zero exit.
+/// A gone pid, a non-Go pid and a thread id each get one clear error line
+/// and a non-zero exit.
 #[test]
 fn attach_rejects_bad_targets() {
     require_root();
@@ -358,9 +358,22 @@ fn attach_rejects_bad_targets() {
     let gone_pid = gone.id();
     gone.wait().unwrap();
     let mut sleep = Command::new("sleep").arg("30").spawn().unwrap();
+    let path = build_workload("stw", &newest_go(), "", &[]);
+    let mut go = Command::new(&path)
+        .args(["-duration", "5s", "-alloc-mb", "8"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let thread: u32 = std::fs::read_dir(format!("/proc/{}/task", go.id()))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .find(|&t| t != go.id())
+        .expect("a Go program has more than one thread");
     for (pid, want) in [
         (gone_pid, format!("no process with pid {gone_pid}")),
         (sleep.id(), "is not a Go program".to_owned()),
+        (thread, format!("{thread} is a thread id, not a process id")),
     ] {
         let out = gostw(&["attach", "--pid", &pid.to_string()]);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -369,8 +382,10 @@ fn attach_rejects_bad_targets() {
         assert_eq!(stderr.lines().count(), 1, "one line expected: {stderr:?}");
         assert!(out.stdout.is_empty());
     }
-    let _ = sleep.kill();
-    let _ = sleep.wait();
+    for child in [&mut sleep, &mut go] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
 
 /// Two processes of one binary traced by one session stay separate: each
