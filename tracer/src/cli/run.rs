@@ -33,9 +33,20 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         |_| {},
     )?;
     let pid = stopped.pid();
-    session.trace_process(pid, &binary)?;
-    let watch = ExitWatch::new(pid)?;
-    let mut trace = Trace::new(session, output)?;
+    let ready = session
+        .trace_process(pid, &binary)
+        .and_then(|()| Ok(ExitWatch::new(pid)?))
+        .and_then(|watch| Ok((watch, Trace::new(session, output)?)));
+    let (watch, mut trace) = match ready {
+        Ok(r) => r,
+        Err(e) => {
+            // Do not leave the program stopped forever.
+            let mut child = stopped.child;
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+    };
     let mut child = stopped.resume()?;
     let deadline = args.trace.duration.map(|d| tokio::time::Instant::now() + d);
     loop {
