@@ -7,8 +7,8 @@ use std::process::Command;
 use anyhow::{Context as _, bail};
 
 use crate::{
-    cmd::{exec, output, step, workspace_root},
-    go, setup,
+    cmd::{output, step},
+    demo, go, setup,
 };
 
 #[derive(clap::Args)]
@@ -54,17 +54,8 @@ fn pauses(opts: &Options) -> anyhow::Result<()> {
     if !setup::is_root() {
         bail!("gostw loads eBPF programs and needs root: run `sudo -E cargo xtask bench pauses`");
     }
-    step("build gostw (release)");
-    exec(Command::new("cargo").current_dir(workspace_root()).args([
-        "build",
-        "--release",
-        "--package",
-        "tracer",
-        "--bin",
-        "gostw",
-    ]))?;
-    let gostw = workspace_root().join("target/release/gostw");
-    let workload = crate::demo::build_stw_workload(toolchain, &opts.go)?;
+    let gostw = demo::build_gostw_release()?;
+    let workload = demo::build_stw_workload(toolchain, &opts.go)?;
     let duration = format!("{}s", opts.seconds);
     let args = [
         "-duration",

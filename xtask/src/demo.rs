@@ -28,7 +28,22 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     if !setup::is_root() {
         bail!("gostw loads eBPF programs and needs root: run `sudo -E cargo xtask demo`");
     }
-    step("build gostw");
+    let gostw = build_gostw_release()?;
+    let out = build_stw_workload(toolchain, &opts.go)?;
+    step(
+        "gostw run --threshold 200us -- stw (forced GCs, ReadMemStats and GOMAXPROCS calls): \
+         a line per pause of 200 us or more, then the summary",
+    );
+    exec(
+        Command::new(gostw)
+            .args(["run", "--threshold", "200us", "--"])
+            .arg(&out),
+    )
+}
+
+/// Build gostw in release mode; returns the binary.
+pub fn build_gostw_release() -> anyhow::Result<PathBuf> {
+    step("build gostw (release)");
     exec(Command::new("cargo").current_dir(workspace_root()).args([
         "build",
         "--release",
@@ -37,16 +52,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         "--bin",
         "gostw",
     ]))?;
-    let out = build_stw_workload(toolchain, &opts.go)?;
-    step(
-        "gostw run --threshold 200us -- stw (forced GCs, ReadMemStats and GOMAXPROCS calls): \
-         a line per pause of 200 us or more, then the summary",
-    );
-    exec(
-        Command::new(workspace_root().join("target/release/gostw"))
-            .args(["run", "--threshold", "200us", "--"])
-            .arg(&out),
-    )
+    Ok(workspace_root().join("target/release/gostw"))
 }
 
 /// Build the bundled `stw` workload with `toolchain`; returns the binary.

@@ -112,13 +112,7 @@ impl Trace {
         let mut write_error = None;
         let stop = loop {
             tokio::select! {
-                r = reader.read_batch(|raw| {
-                    if let Some(rec) = pipeline.feed(raw)
-                        && let Err(e) = output.record(&rec)
-                    {
-                        write_error.get_or_insert(e);
-                    }
-                }) => {
+                r = reader.read_batch(|raw| handle(pipeline, output, raw, &mut write_error)) => {
                     r.context("reading the events ring buffer")?;
                     if let Some(e) = write_error.take() {
                         return Err(e).context("writing the trace");
@@ -142,16 +136,9 @@ impl Trace {
             output,
             ..
         } = self;
-        let mut result = Ok(());
-        reader.drain(|raw| {
-            if let Some(rec) = pipeline.feed(raw)
-                && let Err(e) = output.record(&rec)
-                && result.is_ok()
-            {
-                result = Err(e);
-            }
-        });
-        result.context("writing the trace")
+        let mut write_error = None;
+        reader.drain(|raw| handle(pipeline, output, raw, &mut write_error));
+        write_error.map_or(Ok(()), Err).context("writing the trace")
     }
 
     /// Print the summary for `processes`.
@@ -165,6 +152,21 @@ impl Trace {
             self.started.elapsed().as_nanos() as u64,
         );
         self.output.summary(&summary).context("writing the summary")
+    }
+}
+
+/// One raw event through the pipeline to the output; keeps the first write
+/// error (the caller stops on it after the batch).
+fn handle(
+    pipeline: &mut Pipeline,
+    output: &mut Output,
+    raw: &[u8],
+    write_error: &mut Option<std::io::Error>,
+) {
+    if let Some(rec) = pipeline.feed(raw)
+        && let Err(e) = output.record(&rec)
+    {
+        write_error.get_or_insert(e);
     }
 }
 

@@ -16,23 +16,16 @@ use tracer::{
     session::Session,
 };
 
-use crate::support::{build_workload, go_matrix, newest_go, require_root};
+use crate::support::{
+    STW_ARGS, STW_GOMAXPROCS, STW_READ_MEM_STATS, build_workload, go_matrix, newest_go,
+    require_root,
+};
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
 
-/// 10 forced GCs, 3 ReadMemStats (+1 in the report), 4 GOMAXPROCS changes.
-const ARGS: &[&str] = &[
-    "-gc",
-    "10",
-    "-readmemstats",
-    "3",
-    "-gomaxprocs",
-    "4",
-    "-alloc-mb",
-    "64",
-];
-const READ_MEM_STATS: usize = 3 + 1;
-const GOMAXPROCS: usize = 4;
+const ARGS: &[&str] = STW_ARGS;
+const READ_MEM_STATS: usize = STW_READ_MEM_STATS as usize;
+const GOMAXPROCS: usize = STW_GOMAXPROCS as usize;
 
 /// The workload's `GOSTW_REPORT` (see scripts/workloads/stw).
 #[derive(Debug, Deserialize)]
