@@ -321,7 +321,7 @@ fn attach_stops_after_its_duration() {
     let go = newest_go();
     let path = build_workload("stw", &go, "", &[]);
     let mut workload = Command::new(&path)
-        .args(["-duration", "6s", "-alloc-mb", "32", "-gc", "1"])
+        .args(["-duration", "15s", "-alloc-mb", "32", "-gc", "1"])
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
@@ -330,7 +330,10 @@ fn attach_stops_after_its_duration() {
     let out = gostw(&["attach", "--pid", &pid, "--duration", "1s", "--json"]);
     let took = started.elapsed();
     assert!(out.status.success());
-    assert!(took < Duration::from_secs(4), "--duration 1s took {took:?}");
+    // Loading the programs and reading the binary come first (a second or
+    // two on a loaded machine); the trace itself must end after 1 s.
+    assert!(took < Duration::from_secs(8), "--duration 1s took {took:?}");
+    eprintln!("attach --duration 1s took {took:?}");
     let t = parse_output(&String::from_utf8_lossy(&out.stdout));
     assert!(!t.pauses.is_empty());
     assert_eq!(
