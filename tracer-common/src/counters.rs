@@ -12,14 +12,22 @@ pub enum Counter {
     ReadUserFailed = 1,
     /// A per-thread or per-process map was full.
     MapFull = 2,
+    /// A `startTheWorldWithSema` RET with no open pause window (tracing began
+    /// inside a pause).
+    PauseUnmatched = 3,
+    /// A `stopTheWorldWithSema` entry while that process's window was still
+    /// open (the earlier window is lost).
+    PauseReopened = 4,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 3] = [
+    pub const ALL: [Counter; 5] = [
         Counter::RingbufFull,
         Counter::ReadUserFailed,
         Counter::MapFull,
+        Counter::PauseUnmatched,
+        Counter::PauseReopened,
     ];
     /// Number of slots in the `COUNTERS` array.
     pub const LEN: u32 = Self::ALL.len() as u32;
@@ -30,6 +38,8 @@ impl Counter {
             Counter::RingbufFull => "ringbuf_full",
             Counter::ReadUserFailed => "read_user_failed",
             Counter::MapFull => "map_full",
+            Counter::PauseUnmatched => "pause_unmatched",
+            Counter::PauseReopened => "pause_reopened",
         }
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod counters;
 pub mod event;
+pub mod pause;
 pub mod process;
 
 /// Names of the maps the kernel programs define, so user space looks them up
@@ -15,6 +16,7 @@ pub mod map_names {
     pub const EVENTS: &str = "EVENTS";
     pub const COUNTERS: &str = "COUNTERS";
     pub const PROBE_HITS: &str = "PROBE_HITS";
+    pub const PAUSE_WINDOWS: &str = "PAUSE_WINDOWS";
 }
 
 /// Compile-time size check for a type that crosses the kernel/user boundary.

@@ -1,32 +1,162 @@
 //! Stop-the-world pause probes: `runtime.stopTheWorldWithSema` entry opens a
-//! pause window, the RET instructions of `runtime.startTheWorldWithSema`
-//! close it. Never a uretprobe (Go moves stacks), never a probe inside the
-//! window (each hit costs microseconds and would lengthen the pause).
+//! pause window for the process, the RET instructions of
+//! `runtime.startTheWorldWithSema` close it and send one `PauseEvent`.
+//! Never a uretprobe (Go moves stacks), never a probe inside the window (each
+//! hit costs microseconds and would lengthen the pause).
 
-use aya_ebpf::{EbpfContext as _, macros::uprobe, programs::ProbeContext};
-use tracer_common::process::Probe;
+use aya_ebpf::{
+    EbpfContext as _,
+    helpers::{
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_buf,
+    },
+    macros::{map, uprobe},
+    maps::HashMap,
+    programs::ProbeContext,
+};
+use tracer_common::{
+    counters::Counter,
+    event::{EventHeader, EventKind},
+    pause::{PauseEvent, PauseWindow, REASON_FROM_TEXT, REASON_TEXT_LEN},
+    process::{GoOffsets, Probe, TracedProcess},
+};
 
-use crate::maps::{hit, traced};
+use crate::maps::{EVENTS, count, hit, traced};
 
-/// Go: `func stopTheWorldWithSema(reason stwReason) worldStop` (1.21+;
-/// no argument before). Runs on g0 with the world still running.
+/// The open pause window of each traced process, by tgid. A process stops
+/// the world at most once at a time (`worldsema`), so one slot per tgid.
+#[map]
+pub static PAUSE_WINDOWS: HashMap<u32, PauseWindow> = HashMap::with_max_entries(4096, 0);
+
+/// Go: `func stopTheWorldWithSema(reason stwReason) worldStop` (1.21+, reason
+/// in AL); `func stopTheWorldWithSema()` before, with the reason in
+/// `getg().m.preemptoff`. Runs on g0 (R14) with the world still running, and
+/// before Go starts its own clock (1.22+).
 #[uprobe]
 pub fn stw_stop(ctx: ProbeContext) -> u32 {
     let tgid = ctx.tgid();
-    if traced(tgid).is_none() {
+    let Some(process) = traced(tgid) else {
         return 0;
-    }
+    };
     hit(tgid, Probe::StopTheWorld);
+    let mut window = PauseWindow {
+        // SAFETY: helper with no arguments.
+        stop_ts_ns: unsafe { bpf_ktime_get_ns() },
+        stop_tid: ctx.pid(),
+        reason: REASON_FROM_TEXT,
+        flags: 0,
+        reason_text_len: 0,
+        reason_text: [0; REASON_TEXT_LEN],
+    };
+    // SAFETY: uprobe context, pt_regs readable.
+    let regs = unsafe { &*ctx.regs };
+    if process.flags & TracedProcess::FLAG_REASON_FROM_PREEMPTOFF != 0 {
+        window.flags |= PauseEvent::FLAG_REASON_TEXT;
+        if read_preemptoff(regs.r14, &process.offsets, &mut window).is_err() {
+            window.flags |= PauseEvent::FLAG_READ_FAILED;
+            count(Counter::ReadUserFailed);
+        }
+    } else {
+        window.reason = (regs.rax & 0xff) as u32;
+    }
+    // SAFETY: read-only lookup of a plain value.
+    if unsafe { PAUSE_WINDOWS.get(tgid) }.is_some() {
+        count(Counter::PauseReopened);
+    }
+    if PAUSE_WINDOWS.insert(tgid, window, 0).is_err() {
+        count(Counter::MapFull);
+    }
     0
 }
 
-/// Attached at each RET of `runtime.startTheWorldWithSema`.
+/// `m := g0.m; s := m.preemptoff` (a Go string: pointer, then length).
+#[inline(always)]
+fn read_preemptoff(g0: u64, offsets: &GoOffsets, window: &mut PauseWindow) -> Result<(), i32> {
+    if offsets.g_m == GoOffsets::UNKNOWN || offsets.m_preemptoff == GoOffsets::UNKNOWN {
+        return Err(-1);
+    }
+    // SAFETY: bpf_probe_read_user checks the address; a bad one is an error.
+    let m: u64 = unsafe { bpf_probe_read_user((g0 + u64::from(offsets.g_m)) as *const u64)? };
+    let s = m + u64::from(offsets.m_preemptoff);
+    // SAFETY: as above.
+    let (ptr, len): (u64, u64) = unsafe {
+        (
+            bpf_probe_read_user(s as *const u64)?,
+            bpf_probe_read_user((s + 8) as *const u64)?,
+        )
+    };
+    if len == 0 {
+        return Ok(());
+    }
+    // The strings are literals in the binary's rodata; reading the full
+    // buffer past a short one stays inside it, and user space cuts at `len`.
+    // SAFETY: as above.
+    unsafe { bpf_probe_read_user_buf(ptr as *const u8, &mut window.reason_text)? };
+    window.reason_text_len = if len < REASON_TEXT_LEN as u64 {
+        len as u32
+    } else {
+        REASON_TEXT_LEN as u32
+    };
+    Ok(())
+}
+
+/// Attached at each RET of `runtime.startTheWorldWithSema`, whose result (RAX)
+/// is Go's `now` at the end of the pause. From Go 1.22 its argument
+/// `w.startedStopping` is still in the caller-visible stack slot below RSP.
 #[uprobe]
 pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
     let tgid = ctx.tgid();
-    if traced(tgid).is_none() {
+    let Some(process) = traced(tgid) else {
         return 0;
-    }
+    };
     hit(tgid, Probe::StartTheWorldRet);
+    // SAFETY: read-only lookup; the value is copied out before the delete.
+    let Some(window) = (unsafe { PAUSE_WINDOWS.get(tgid) }).copied() else {
+        count(Counter::PauseUnmatched);
+        return 0;
+    };
+    let _ = PAUSE_WINDOWS.remove(tgid);
+    // SAFETY: uprobe context, pt_regs readable.
+    let regs = unsafe { &*ctx.regs };
+    let mut flags = window.flags;
+    let mut go_started_ns = 0;
+    let off = process.offsets.start_rsp_started_stopping;
+    if off != GoOffsets::UNKNOWN {
+        let slot = regs.rsp.wrapping_sub(u64::from(off));
+        // SAFETY: bpf_probe_read_user checks the address.
+        match unsafe { bpf_probe_read_user(slot as *const u64) } {
+            Ok(v) => {
+                go_started_ns = v;
+                flags |= PauseEvent::FLAG_GO_START;
+            }
+            Err(_) => {
+                flags |= PauseEvent::FLAG_READ_FAILED;
+                count(Counter::ReadUserFailed);
+            }
+        }
+    }
+    let Some(mut entry) = EVENTS.reserve::<PauseEvent>(0) else {
+        count(Counter::RingbufFull);
+        return 0;
+    };
+    entry.write(PauseEvent {
+        header: EventHeader {
+            kind: EventKind::Pause as u32,
+            tgid,
+            tid: ctx.pid(),
+            // SAFETY: helper with no arguments.
+            cpu: unsafe { bpf_get_smp_processor_id() },
+            // SAFETY: as above.
+            ts_ns: unsafe { bpf_ktime_get_ns() },
+        },
+        stop_ts_ns: window.stop_ts_ns,
+        go_now_ns: regs.rax,
+        go_started_ns,
+        stop_tid: window.stop_tid,
+        reason: window.reason,
+        flags,
+        reason_text_len: window.reason_text_len,
+        reason_text: window.reason_text,
+    });
+    entry.submit(0);
     0
 }

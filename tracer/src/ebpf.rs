@@ -12,6 +12,7 @@ use aya::{
 use tracer_common::{
     counters::Counter,
     map_names,
+    pause::PauseWindow,
     process::{Probe, ProbeHitKey, TracedProcess},
 };
 
@@ -34,7 +35,10 @@ impl Programs {
         }
         raise_memlock_limit();
         let ebpf = Ebpf::load(EBPF_OBJECT).map_err(|e| {
-            let hint = if e.to_string().contains("EPERM") || e.to_string().contains("ermission") {
+            // SAFETY: no preconditions.
+            let root = unsafe { libc::geteuid() } == 0;
+            let msg = e.to_string();
+            let hint = if !root || msg.contains("EPERM") || msg.contains("ermission") {
                 " (gostw needs root, or CAP_BPF + CAP_PERFMON)"
             } else {
                 ""
@@ -106,6 +110,14 @@ impl Programs {
             HashMap::try_from(self.map_mut(map_names::TRACED)?)?;
         // Already gone is fine: the process may never have been added.
         let _ = traced.remove(&tgid);
+        Ok(())
+    }
+
+    /// Drop the open pause window of `tgid`, if any (it exited mid-pause).
+    pub fn forget_pause_window(&mut self, tgid: u32) -> anyhow::Result<()> {
+        let mut windows: HashMap<_, u32, PauseWindow> =
+            HashMap::try_from(self.map_mut(map_names::PAUSE_WINDOWS)?)?;
+        let _ = windows.remove(&tgid);
         Ok(())
     }
 

@@ -4,5 +4,10 @@
 pub mod binary;
 pub mod ebpf;
 pub mod events;
+pub mod pauses;
+pub mod pipeline;
 pub mod process;
+pub mod report;
 pub mod session;
+pub mod target;
+pub mod units;

@@ -1,10 +1,10 @@
 //! The `gostw` command line.
 
-use std::{ffi::OsString, process::ExitCode};
+mod cli;
 
-use anyhow::Context as _;
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
-use tracer::{binary::GoBinary, process::StoppedChild, session::Session};
 
 #[derive(Parser)]
 #[command(
@@ -19,64 +19,37 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Start a program and trace it from its first instruction.
-    Run {
-        /// The program and its arguments.
-        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
-        command: Vec<OsString>,
-    },
+    /// Trace the stop-the-world pauses of a running Go process.
+    Attach(cli::attach::Args),
+    /// Start a Go program and trace it from its first instruction; exits with
+    /// the program's exit code.
+    Run(cli::run::Args),
 }
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
-    match run(cli) {
-        Ok(code) => code,
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("gostw: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Attach(args) => cli::attach::run(args).await,
+            Command::Run(args) => cli::run::run(args).await,
+        }
+    });
+    match result {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
             eprintln!("gostw: {e:#}");
             ExitCode::FAILURE
         }
     }
-}
-
-fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    match cli.command {
-        Command::Run { command } => {
-            let (program, args) = command.split_first().context("no program given")?;
-            let path = which_program(program)?;
-            let binary = GoBinary::open(&path)?;
-            let mut session = Session::new()?;
-            session.attach_binary(&binary)?;
-            let stopped = StoppedChild::spawn(
-                path.as_os_str(),
-                &args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>(),
-                |_| {},
-            )?;
-            let pid = stopped.pid();
-            session.trace_process(pid, &binary)?;
-            let mut child = stopped.resume()?;
-            let status = child.wait()?;
-            let pauses = session.stop_the_world_count(pid)?;
-            eprintln!(
-                "gostw: pid {pid} ({}, {}): {pauses} stop-the-world pauses",
-                path.display(),
-                binary.version
-            );
-            Ok(ExitCode::from(
-                status.code().unwrap_or(1).clamp(0, 255) as u8
-            ))
-        }
-    }
-}
-
-/// Resolve a program name the way a shell would.
-fn which_program(program: &std::ffi::OsStr) -> anyhow::Result<std::path::PathBuf> {
-    let p = std::path::Path::new(program);
-    if p.components().count() > 1 {
-        return p.canonicalize().with_context(|| format!("{}", p.display()));
-    }
-    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .map(|dir| dir.join(p))
-        .find(|c| c.is_file())
-        .with_context(|| format!("{} not found in PATH", p.display()))
 }

@@ -1,19 +1,27 @@
 //! A tracing session: the loaded programs, the binaries they are attached to,
 //! and the processes being traced.
 
-use std::{collections::HashSet, path::PathBuf};
+use std::{collections::HashSet, os::unix::fs::MetadataExt as _};
 
-use tracer_common::process::{Probe, TracedProcess};
+use anyhow::Context as _;
+use tracer_common::{
+    counters::Counter,
+    process::{Probe, TracedProcess},
+};
 
 use crate::{
     binary::{GoBinary, START_THE_WORLD, STOP_THE_WORLD},
     ebpf::Programs,
+    events::EventReader,
 };
 
 /// Loaded programs plus what they are attached to.
 pub struct Session {
     programs: Programs,
-    attached: HashSet<PathBuf>,
+    /// Executables probed, by (device, inode): uprobes live on the inode, so
+    /// `/proc/A/exe`, `/proc/B/exe` and the real path of one binary must be
+    /// probed once, or every pause would be seen twice.
+    attached: HashSet<(u64, u64)>,
 }
 
 impl Session {
@@ -28,7 +36,9 @@ impl Session {
     /// Attach the pause probes to `binary` (once per executable; every
     /// process running it is then filtered by the traced set).
     pub fn attach_binary(&mut self, binary: &GoBinary) -> anyhow::Result<()> {
-        if !self.attached.insert(binary.path.clone()) {
+        let meta = std::fs::metadata(&binary.path)
+            .with_context(|| format!("reading {}", binary.path.display()))?;
+        if self.attached.contains(&(meta.dev(), meta.ino())) {
             return Ok(());
         }
         let stop = binary.function(STOP_THE_WORLD)?;
@@ -39,6 +49,7 @@ impl Session {
             self.programs
                 .attach_uprobe("stw_start_ret", &binary.path, ret)?;
         }
+        self.attached.insert((meta.dev(), meta.ino()));
         Ok(())
     }
 
@@ -56,6 +67,23 @@ impl Session {
                 offsets: binary.struct_offsets()?.to_kernel(),
             },
         )
+    }
+
+    /// Stop tracing `pid` (it exited, or tracing ends) and drop its kernel
+    /// state. Its probe-hit counts stay readable.
+    pub fn forget_process(&mut self, pid: u32) -> anyhow::Result<()> {
+        self.programs.untrace(pid)?;
+        self.programs.forget_pause_window(pid)
+    }
+
+    /// The reader of the events ring buffer (once per session).
+    pub fn event_reader(&mut self) -> anyhow::Result<EventReader> {
+        EventReader::new(self.programs.take_events()?).context("watching the events ring buffer")
+    }
+
+    /// The kernel-side health counters, summed over CPUs.
+    pub fn counters(&self) -> anyhow::Result<Vec<(Counter, u64)>> {
+        self.programs.counters()
     }
 
     /// Stop-the-world entries seen for `pid` so far.

@@ -1,7 +1,7 @@
 //! `cargo xtask demo`: the README's first command. Builds gostw and a bundled
 //! Go workload, then traces the workload with `gostw run`.
 
-use std::process::Command;
+use std::{path::PathBuf, process::Command};
 
 use anyhow::bail;
 
@@ -28,7 +28,22 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     if !setup::is_root() {
         bail!("gostw loads eBPF programs and needs root: run `sudo -E cargo xtask demo`");
     }
-    step("build gostw");
+    let gostw = build_gostw_release()?;
+    let out = build_stw_workload(toolchain, &opts.go)?;
+    step(
+        "gostw run --threshold 200us -- stw (forced GCs, ReadMemStats and GOMAXPROCS calls): \
+         a line per pause of 200 us or more, then the summary",
+    );
+    exec(
+        Command::new(gostw)
+            .args(["run", "--threshold", "200us", "--"])
+            .arg(&out),
+    )
+}
+
+/// Build gostw in release mode; returns the binary.
+pub fn build_gostw_release() -> anyhow::Result<PathBuf> {
+    step("build gostw (release)");
     exec(Command::new("cargo").current_dir(workspace_root()).args([
         "build",
         "--release",
@@ -37,10 +52,15 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         "--bin",
         "gostw",
     ]))?;
-    step(&format!("build the bundled workload with Go {}", opts.go));
+    Ok(workspace_root().join("target/release/gostw"))
+}
+
+/// Build the bundled `stw` workload with `toolchain`; returns the binary.
+pub fn build_stw_workload(toolchain: go::Toolchain, version: &str) -> anyhow::Result<PathBuf> {
+    step(&format!("build the bundled workload with Go {version}"));
     let out = workspace_root()
         .join("target/go-workloads")
-        .join(&opts.go)
+        .join(version)
         .join("stw");
     exec(
         Command::new(toolchain.go())
@@ -51,11 +71,5 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             .env("GOTOOLCHAIN", "local")
             .env("GOFLAGS", "-buildvcs=false"),
     )?;
-    step("gostw run -- stw (a workload with forced GCs, ReadMemStats and GOMAXPROCS calls)");
-    exec(
-        Command::new(workspace_root().join("target/release/gostw"))
-            .arg("run")
-            .arg("--")
-            .arg(&out),
-    )
+    Ok(out)
 }

@@ -1,7 +1,8 @@
 //! gostw's development tasks. `cargo xtask setup` brings a fresh machine to a
 //! working state; `cargo xtask test` runs every check CI runs; `cargo xtask
-//! demo` traces a bundled Go workload.
+//! demo` traces a bundled Go workload; `cargo xtask bench` measures overhead.
 
+mod bench;
 mod cmd;
 mod demo;
 mod go;
@@ -25,6 +26,8 @@ enum Task {
     Test(test::Options),
     /// Set up, build, and trace a bundled Go workload with gostw.
     Demo(demo::Options),
+    /// Measure tracing overhead: traced vs untraced runs of a Go workload.
+    Bench(bench::Options),
 }
 
 fn main() -> std::process::ExitCode {
@@ -32,6 +35,7 @@ fn main() -> std::process::ExitCode {
         Task::Setup(opts) => setup::run(&opts),
         Task::Test(opts) => test::run(&opts),
         Task::Demo(opts) => demo::run(&opts),
+        Task::Bench(opts) => bench::run(&opts),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

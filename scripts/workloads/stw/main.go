@@ -11,10 +11,15 @@ import (
 	"os"
 	"runtime"
 	"runtime/metrics"
+	"syscall"
 	"time"
 )
 
-var sink [][]byte
+var (
+	sink         [][]byte
+	allocatedMiB int
+	elapsed      time.Duration
+)
 
 func main() {
 	gcs := flag.Int("gc", 20, "forced GCs (runtime.GC)")
@@ -23,15 +28,18 @@ func main() {
 	allocMB := flag.Int("alloc-mb", 256, "MiB of garbage to allocate (natural GCs)")
 	liveMB := flag.Int("live-mb", 16, "MiB of live heap kept throughout")
 	duration := flag.Duration("duration", 0, "keep allocating until this much time has passed")
+	exitCode := flag.Int("exit-code", 0, "exit with this code after the report")
 	flag.Parse()
 
 	live := make([][]byte, 0, *liveMB*16)
 	for i := 0; i < *liveMB*16; i++ {
 		live = append(live, make([]byte, 64<<10))
 	}
-	deadline := time.Now().Add(*duration)
+	start := time.Now()
+	deadline := start.Add(*duration)
 	for round := 0; round == 0 || time.Now().Before(deadline); round++ {
 		churn(*allocMB)
+		allocatedMiB += *allocMB
 		for i := 0; i < *gcs; i++ {
 			runtime.GC()
 		}
@@ -52,7 +60,9 @@ func main() {
 		runtime.GOMAXPROCS(procs)
 	}
 	runtime.KeepAlive(live)
+	elapsed = time.Since(start)
 	report()
+	os.Exit(*exitCode)
 }
 
 // churn allocates n MiB of short-lived garbage.
@@ -76,7 +86,34 @@ func histCount(s metrics.Sample) int64 {
 	return int64(n)
 }
 
+// pauseNs returns MemStats.PauseNs of each GC cycle still in the ring, oldest
+// first: per cycle, sweep termination plus mark termination as Go counts them.
+func pauseNs(ms *runtime.MemStats) []uint64 {
+	n := int(ms.NumGC)
+	if n > len(ms.PauseNs) {
+		n = len(ms.PauseNs)
+	}
+	out := make([]uint64, 0, n)
+	for i := int(ms.NumGC) - n; i < int(ms.NumGC); i++ {
+		out = append(out, ms.PauseNs[i%len(ms.PauseNs)])
+	}
+	return out
+}
+
+// cpuNs is the CPU time (user + system) the process has used, every thread.
+func cpuNs() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return -1
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
 func report() {
+	// Finish any GC cycle in progress (and run one more), so no cycle is
+	// half counted: its sweep termination would already be in the pause
+	// metrics and in a tracer's view, but not yet in PauseTotalNs.
+	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms) // a stop-the-world itself, counted below
 	samples := []metrics.Sample{
@@ -94,6 +131,10 @@ func report() {
 		"num_gc":         ms.NumGC,
 		"num_forced_gc":  ms.NumForcedGC,
 		"pause_total_ns": ms.PauseTotalNs,
+		"pause_ns":       pauseNs(&ms),
+		"allocated_mib":  allocatedMiB,
+		"elapsed_ns":     elapsed.Nanoseconds(),
+		"cpu_ns":         cpuNs(),
 	}
 	b, _ := json.Marshal(out)
 	fmt.Printf("GOSTW_REPORT %s\n", b)

@@ -4,4 +4,5 @@
 
 mod support;
 
+mod pauses;
 mod stw_probe;

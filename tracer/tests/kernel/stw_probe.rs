@@ -6,7 +6,8 @@ use tracer::{binary::GoBinary, session::Session};
 use tracer_common::process::Probe;
 
 use crate::support::{
-    StwReport, build_workload, go_matrix, parse_report, require_root, run_traced,
+    STW_ARGS, STW_GOMAXPROCS, STW_READ_MEM_STATS, StwReport, build_workload, go_matrix,
+    parse_report, require_root, run_traced,
 };
 
 /// Compare probe hits with the pauses the program counted itself.
@@ -32,20 +33,8 @@ fn check_counts(hits: u64, report: &StwReport, known_other: u64) -> Result<(), S
     Ok(())
 }
 
-/// Workload arguments: 10 forced GCs, 3 ReadMemStats, 4 GOMAXPROCS changes
-/// (even, so the final restore is a no-op that does not stop the world),
-/// +1 ReadMemStats in the report = 8 non-GC stops.
-const ARGS: &[&str] = &[
-    "-gc",
-    "10",
-    "-readmemstats",
-    "3",
-    "-gomaxprocs",
-    "4",
-    "-alloc-mb",
-    "64",
-];
-const KNOWN_OTHER: u64 = 3 + 4 + 1;
+const ARGS: &[&str] = STW_ARGS;
+const KNOWN_OTHER: u64 = STW_READ_MEM_STATS + STW_GOMAXPROCS;
 
 #[test]
 fn stop_the_world_hits_equal_go_pause_count() {

@@ -105,6 +105,24 @@ pub fn build_workload(name: &str, go: &GoToolchain, variant: &str, build_args: &
     out
 }
 
+/// Arguments of the `stw` workload whose non-GC stops are known: 10 forced
+/// GCs, 3 ReadMemStats (+1 in the report), 4 GOMAXPROCS changes (even, so the
+/// final restore is a no-op that does not stop the world).
+pub const STW_ARGS: &[&str] = &[
+    "-gc",
+    "10",
+    "-readmemstats",
+    "3",
+    "-gomaxprocs",
+    "4",
+    "-alloc-mb",
+    "64",
+];
+/// `ReadMemStats` stops `STW_ARGS` makes.
+pub const STW_READ_MEM_STATS: u64 = 3 + 1;
+/// `GOMAXPROCS` stops `STW_ARGS` makes.
+pub const STW_GOMAXPROCS: u64 = 4;
+
 /// What a workload says of itself at exit (the `GOSTW_REPORT` line of
 /// scripts/workloads/stw). Counts are -1 where the Go version lacks the metric.
 #[derive(Debug, Deserialize)]

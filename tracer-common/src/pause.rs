@@ -1,0 +1,75 @@
+//! Stop-the-world pauses: the per-process pause window the kernel keeps open
+//! between `stopTheWorldWithSema` entry and a RET of `startTheWorldWithSema`,
+//! and the event sent when it closes.
+
+use crate::{assert_size, event::EventHeader};
+
+/// Longest `m.preemptoff` text kept (Go 1.19/1.20 reasons are short phrases).
+pub const REASON_TEXT_LEN: usize = 32;
+
+/// `reason` value meaning "Go passed no reason code; see `reason_text`".
+pub const REASON_FROM_TEXT: u32 = u32::MAX;
+
+/// An open pause window, kept per tgid in `PAUSE_WINDOWS` (kernel only; user
+/// space deletes stale entries when a process goes away).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PauseWindow {
+    /// `bpf_ktime_get_ns()` at `stopTheWorldWithSema` entry.
+    pub stop_ts_ns: u64,
+    /// Thread that called `stopTheWorldWithSema`.
+    pub stop_tid: u32,
+    /// The `stwReason` (Go 1.21+), else `REASON_FROM_TEXT`.
+    pub reason: u32,
+    /// `PauseEvent::FLAG_*` bits known at entry.
+    pub flags: u32,
+    /// Bytes of `reason_text` that are the `m.preemptoff` string.
+    pub reason_text_len: u32,
+    /// `m.preemptoff` (Go 1.19/1.20), truncated to `REASON_TEXT_LEN`.
+    pub reason_text: [u8; REASON_TEXT_LEN],
+}
+assert_size!(PauseWindow, 24 + REASON_TEXT_LEN);
+
+/// One stop-the-world pause of one process (`EventKind::Pause`). The header's
+/// `ts_ns`/`tid`/`cpu` are those of the `startTheWorldWithSema` RET probe.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PauseEvent {
+    pub header: EventHeader,
+    /// `bpf_ktime_get_ns()` at `stopTheWorldWithSema` entry.
+    pub stop_ts_ns: u64,
+    /// Go's `now` at the end of the pause (RAX at the RET: the value
+    /// `startTheWorldWithSema` returns).
+    pub go_now_ns: u64,
+    /// Go's `w.startedStopping` (1.22+, read from the stack at the RET); valid
+    /// only with `FLAG_GO_START`.
+    pub go_started_ns: u64,
+    /// Thread that stopped the world.
+    pub stop_tid: u32,
+    /// The `stwReason` code, or `REASON_FROM_TEXT`.
+    pub reason: u32,
+    /// `FLAG_*` bits.
+    pub flags: u32,
+    /// Bytes of `reason_text` in use.
+    pub reason_text_len: u32,
+    /// `m.preemptoff` for Go 1.19/1.20 (the reason as text).
+    pub reason_text: [u8; REASON_TEXT_LEN],
+}
+assert_size!(PauseEvent, 24 + 40 + REASON_TEXT_LEN);
+
+impl PauseEvent {
+    /// `go_started_ns` holds Go's own start of the pause.
+    pub const FLAG_GO_START: u32 = 1 << 0;
+    /// The reason was read from `m.preemptoff` (Go 1.19/1.20).
+    pub const FLAG_REASON_TEXT: u32 = 1 << 1;
+    /// Reading the reason or Go's start from the process's memory failed.
+    pub const FLAG_READ_FAILED: u32 = 1 << 2;
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: #[repr(C)] integers and byte arrays, no implicit padding (sizes
+    // asserted above), so any byte pattern is a valid value.
+    unsafe impl aya::Pod for super::PauseWindow {}
+    unsafe impl aya::Pod for super::PauseEvent {}
+}

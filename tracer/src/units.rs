@@ -1,0 +1,89 @@
+//! Durations as people write and read them: "250us", "1.5ms", "10s", "2m".
+
+use std::time::Duration;
+
+/// Parse a duration: a number (decimals allowed) and a unit of ns, us, ms,
+/// s, m or h; a bare "0" is zero.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("{s:?} has no unit (use ns, us, ms, s, m or h, e.g. 10s)"))?;
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number followed by a unit"))?;
+    let ns_per = match unit {
+        "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        "m" => 60e9,
+        "h" => 3600e9,
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?} in {s:?} (use ns, us, ms, s, m or h)"
+            ));
+        }
+    };
+    Ok(Duration::from_nanos((value * ns_per).round() as u64))
+}
+
+/// Nanoseconds as a short human figure with a unit: "850 ns", "12.3 us",
+/// "1.25 ms", "2.00 s".
+pub fn fmt_ns(ns: u64) -> String {
+    let f = ns as f64;
+    if ns < 1_000 {
+        format!("{ns} ns")
+    } else if ns < 1_000_000 {
+        format!("{:.1} us", f / 1e3)
+    } else if ns < 1_000_000_000 {
+        format!("{:.2} ms", f / 1e6)
+    } else {
+        format!("{:.2} s", f / 1e9)
+    }
+}
+
+/// Unix nanoseconds as local wall-clock time of day, "14:03:07.123456".
+pub fn fmt_time_of_day(unix_ns: u64) -> String {
+    let secs = (unix_ns / 1_000_000_000) as libc::time_t;
+    let micros = (unix_ns % 1_000_000_000) / 1_000;
+    // SAFETY: zeroed tm is a valid out-parameter; localtime_r is thread-safe.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers.
+    if unsafe { libc::localtime_r(&secs, &mut tm) }.is_null() {
+        return format!("{secs}.{micros:06}");
+    }
+    format!(
+        "{:02}:{:02}:{:02}.{micros:06}",
+        tm.tm_hour, tm.tm_min, tm.tm_sec
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_common_forms() {
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1.5ms"), Ok(Duration::from_micros(1500)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("10 parsecs").is_err());
+        assert!(parse_duration("ms").is_err());
+    }
+
+    #[test]
+    fn formats_with_a_unit() {
+        assert_eq!(fmt_ns(850), "850 ns");
+        assert_eq!(fmt_ns(12_345), "12.3 us");
+        assert_eq!(fmt_ns(1_250_000), "1.25 ms");
+        assert_eq!(fmt_ns(2_000_000_000), "2.00 s");
+    }
+}

@@ -1,0 +1,139 @@
+//! `cargo xtask bench NAME`: overhead measurements, traced against untraced
+//! runs of the same Go workload, interleaved so drifts in machine load hit
+//! both sides alike. A benchmark prints figures; it does not pass or fail.
+
+use std::process::Command;
+
+use anyhow::{Context as _, bail};
+
+use crate::{
+    cmd::{output, step},
+    demo, go, setup,
+};
+
+#[derive(clap::Args)]
+pub struct Options {
+    /// Which benchmark: `pauses` (stop-the-world probes on a GC-heavy workload).
+    pub name: String,
+    /// Untraced/traced pairs to run.
+    #[arg(long, default_value_t = 7)]
+    pub rounds: u32,
+    /// Seconds each workload run lasts.
+    #[arg(long, default_value_t = 3)]
+    pub seconds: u32,
+    /// Go version of the workload.
+    #[arg(long, default_value = go::DEFAULT)]
+    pub go: String,
+}
+
+pub fn run(opts: &Options) -> anyhow::Result<()> {
+    match opts.name.as_str() {
+        "pauses" => pauses(opts),
+        other => bail!("unknown benchmark {other:?} (known: pauses)"),
+    }
+}
+
+/// One workload run: what it did and how fast.
+struct Sample {
+    /// Garbage allocated per second of wall-clock time.
+    mib_per_s: f64,
+    /// Garbage allocated per second of the workload's own CPU time (user +
+    /// system, which includes the uprobe traps): on a shared machine this
+    /// moves far less with other load than the wall-clock figure.
+    mib_per_cpu_s: f64,
+    pauses_per_s: f64,
+}
+
+/// The stw workload allocating as fast as it can with a small live heap: a
+/// GC cycle (two pauses) every few milliseconds. Throughput is MiB of garbage
+/// allocated per second; tracing costs two uprobe hits per pause.
+fn pauses(opts: &Options) -> anyhow::Result<()> {
+    let Some(toolchain) = go::toolchain(&opts.go) else {
+        bail!("Go {} is not in the matrix", opts.go);
+    };
+    if !setup::is_root() {
+        bail!("gostw loads eBPF programs and needs root: run `sudo -E cargo xtask bench pauses`");
+    }
+    let gostw = demo::build_gostw_release()?;
+    let workload = demo::build_stw_workload(toolchain, &opts.go)?;
+    let duration = format!("{}s", opts.seconds);
+    let args = [
+        "-duration",
+        duration.as_str(),
+        "-gc",
+        "0",
+        "-readmemstats",
+        "0",
+        "-gomaxprocs",
+        "0",
+        "-live-mb",
+        "4",
+        "-alloc-mb",
+        "32",
+    ];
+    step(&format!(
+        "{} rounds of untraced then traced, {}s each (Go {})",
+        opts.rounds, opts.seconds, opts.go
+    ));
+    let mut wall = Vec::new();
+    let mut cpu = Vec::new();
+    let mut pauses = Vec::new();
+    for round in 1..=opts.rounds {
+        let u = sample(Command::new(&workload).args(args))?;
+        let t = sample(
+            Command::new(&gostw)
+                .args(["run", "--json", "--output", "/dev/null", "--"])
+                .arg(&workload)
+                .args(args),
+        )?;
+        eprintln!(
+            "round {round}: untraced {:.0} MiB/s, {:.0} MiB/CPU-s; traced {:.0} MiB/s, {:.0} MiB/CPU-s, {:.0} pauses/s",
+            u.mib_per_s, u.mib_per_cpu_s, t.mib_per_s, t.mib_per_cpu_s, t.pauses_per_s
+        );
+        wall.push(t.mib_per_s / u.mib_per_s);
+        cpu.push(t.mib_per_cpu_s / u.mib_per_cpu_s);
+        pauses.push(t.pauses_per_s);
+    }
+    println!(
+        "pauses: traced/untraced throughput per CPU second {:.3} (median of {} rounds; min {:.3}, max {:.3}); \
+         per wall-clock second {:.3}; {:.0} pauses/s traced",
+        median(&mut cpu),
+        opts.rounds,
+        cpu[0],
+        cpu[cpu.len() - 1],
+        median(&mut wall),
+        median(&mut pauses)
+    );
+    Ok(())
+}
+
+/// The median (sorts `v`).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Run the workload (maybe under gostw) and read its GOSTW_REPORT.
+fn sample(cmd: &mut Command) -> anyhow::Result<Sample> {
+    let out = output(cmd)?;
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("GOSTW_REPORT "))
+        .context("the workload printed no GOSTW_REPORT")?;
+    let v: serde_json::Value = serde_json::from_str(line)?;
+    let num = |k: &str| {
+        v[k].as_f64()
+            .with_context(|| format!("{k} missing from the report"))
+    };
+    let secs = num("elapsed_ns")? / 1e9;
+    let pauses = match num("stw_gc").ok().filter(|n| *n >= 0.0) {
+        Some(gc) => gc + num("stw_other")?,
+        None => num("gc_pauses")?,
+    };
+    let mib = num("allocated_mib")?;
+    Ok(Sample {
+        mib_per_s: mib / secs,
+        mib_per_cpu_s: mib / (num("cpu_ns")? / 1e9),
+        pauses_per_s: pauses / secs,
+    })
+}
