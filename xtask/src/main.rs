@@ -1,12 +1,14 @@
 //! gostw's development tasks. `cargo xtask setup` brings a fresh machine to a
 //! working state; `cargo xtask test` runs every check CI runs; `cargo xtask
-//! demo` traces a bundled Go workload.
+//! demo` traces a bundled Go workload; `cargo xtask vm-test` runs the kernel
+//! tests in a VM on a distro kernel.
 
 mod cmd;
 mod demo;
 mod go;
 mod setup;
 mod test;
+mod vm;
 
 use clap::{Parser, Subcommand};
 
@@ -25,6 +27,8 @@ enum Task {
     Test(test::Options),
     /// Set up, build, and trace a bundled Go workload with gostw.
     Demo(demo::Options),
+    /// Run the kernel tests in a QEMU VM on a distro kernel (kprobes).
+    VmTest(vm::Options),
 }
 
 fn main() -> std::process::ExitCode {
@@ -32,6 +36,7 @@ fn main() -> std::process::ExitCode {
         Task::Setup(opts) => setup::run(&opts),
         Task::Test(opts) => test::run(&opts),
         Task::Demo(opts) => demo::run(&opts),
+        Task::VmTest(opts) => vm::run(&opts),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
