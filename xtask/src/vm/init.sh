@@ -43,16 +43,22 @@ if [ -b /dev/vda ] && mkswap /dev/vda >/dev/null && swapon /dev/vda; then
 fi
 echo "GOSTW_VM_SWAP=$swap"
 
-# Kprobes: register one on the function the kprobe fault backend hooks first,
-# keep it enabled during the tests and report its hit count at the end.
+# Kprobes: one on the function the kprobe fault backend hooks first, kept
+# enabled during the tests (its hit count is reported at the end), and one on
+# openat that must fire at once: the kernel accepts kprobes and runs them.
 kp=/sys/kernel/tracing
-if echo 'p:gostw_vm/do_swap_page do_swap_page' >>"$kp/kprobe_events" 2>/dev/null &&
-	echo 1 >"$kp/events/gostw_vm/do_swap_page/enable"; then
-	echo "GOSTW_VM_KPROBES=ok ($(cat "$kp/kprobe_events"))"
+hits() { awk -v e="$1" '$1 == e {print $2}' "$kp/kprobe_profile"; }
+if echo 'p:gostw_vm/do_swap_page do_swap_page' >>"$kp/kprobe_events" &&
+	echo 'p:gostw_vm/openat do_sys_openat2' >>"$kp/kprobe_events" &&
+	echo 1 >"$kp/events/gostw_vm/enable" &&
+	cat /proc/version >/dev/null &&
+	[ "$(hits openat)" -gt 0 ]; then
+	echo "GOSTW_VM_KPROBES=ok (do_swap_page registered; do_sys_openat2 fired $(hits openat) times)"
 else
-	echo "GOSTW_VM_KPROBES=missing (kprobe_events rejected do_swap_page)"
+	echo "GOSTW_VM_KPROBES=missing (kprobe_events: $(cat "$kp/kprobe_events" 2>&1))"
 	finish 97
 fi
+echo 0 >"$kp/events/gostw_vm/openat/enable"
 [ -e /sys/kernel/btf/vmlinux ] && echo "GOSTW_VM_BTF=ok" || echo "GOSTW_VM_BTF=missing"
 echo "GOSTW_VM_BOOTED=$(cut -d' ' -f1 /proc/uptime)"
 
@@ -60,7 +66,8 @@ cd /tmp
 @ENV@ @TEST_BIN@ --test-threads=1 @TEST_ARGS@
 code=$?
 
-echo "GOSTW_VM_KPROBE_HITS=$(awk '$1 == "do_swap_page" {print $2}' "$kp/kprobe_profile")"
-echo 0 >"$kp/events/gostw_vm/do_swap_page/enable"
+echo "GOSTW_VM_KPROBE_HITS=do_swap_page $(hits do_swap_page)"
+echo 0 >"$kp/events/gostw_vm/enable"
 echo '-:gostw_vm/do_swap_page' >>"$kp/kprobe_events"
+echo '-:gostw_vm/openat' >>"$kp/kprobe_events"
 finish "$code"

@@ -47,7 +47,7 @@ pub struct Options {
     #[arg(long, default_value = "debian-6.1")]
     pub kernel: String,
     /// Kill the VM after this many minutes.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout_minutes: u64,
     /// Guest memory in MiB.
     #[arg(long, default_value_t = 2048)]
@@ -129,6 +129,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             eprintln!("  {:<12} {v}", key.to_lowercase());
         }
     }
+    eprintln!("  tests run    {}", report.tests_run);
     eprintln!("  boot         {boot:.1?} (QEMU start to tests start)");
     eprintln!(
         "  tests        {:.1?}",
@@ -140,6 +141,12 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         bail!(
             "kprobes are not usable in the guest kernel ({})",
             kernel.release
+        );
+    }
+    if code == 0 && report.tests_run == 0 {
+        bail!(
+            "no kernel test ran in the VM: the filter {:?} matches none",
+            test_args
         );
     }
     if code != 0 {

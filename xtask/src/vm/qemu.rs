@@ -34,6 +34,8 @@ pub struct Report {
     pub facts: Vec<(String, String)>,
     /// The test binary's exit code.
     pub exit_code: Option<i32>,
+    /// Tests the test binary ran (its `running N tests` lines, summed).
+    pub tests_run: u64,
     /// From starting QEMU to `GOSTW_VM_BOOTED`.
     pub boot_time: Option<Duration>,
     /// From starting QEMU to `GOSTW_VM_EXIT`.
@@ -125,6 +127,7 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
             Ok(line) => {
                 println!("{line}");
                 writeln!(log, "{line}")?;
+                report.tests_run += tests_started(&line).unwrap_or(0);
                 if let Some((key, value)) = fact(&line) {
                     if key == "BOOTED" {
                         report.boot_time = Some(started.elapsed());
@@ -183,6 +186,15 @@ fn fact(line: &str) -> Option<(&str, &str)> {
     line[start + "GOSTW_VM_".len()..].split_once('=')
 }
 
+/// N of libtest's `running N tests` line.
+fn tests_started(line: &str) -> Option<u64> {
+    let rest = line.strip_prefix("running ")?;
+    let n = rest
+        .strip_suffix(" tests")
+        .or_else(|| rest.strip_suffix(" test"))?;
+    n.parse().ok()
+}
+
 /// A fresh sparse raw image of `size_mib` MiB for the guest's swap.
 pub fn swap_disk(path: &Path, size_mib: u64) -> anyhow::Result<PathBuf> {
     let f = File::create(path).with_context(|| format!("creating {}", path.display()))?;
@@ -202,5 +214,9 @@ mod tests {
             Some(("KPROBES", "ok (p:a b)"))
         );
         assert_eq!(fact("test stw_probe::x ... ok"), None);
+        assert_eq!(tests_started("running 2 tests"), Some(2));
+        assert_eq!(tests_started("running 0 tests"), Some(0));
+        assert_eq!(tests_started("running 1 test"), Some(1));
+        assert_eq!(tests_started("test running 2 tests ... ok"), None);
     }
 }
