@@ -84,7 +84,8 @@ pub fn fetch(spec: KernelSpec) -> anyhow::Result<Kernel> {
         eprintln!("cached: {}", k.vmlinuz.display());
         return Ok(k);
     }
-    let download = root.join("download");
+    // Per-process scratch names: other worktrees may fetch at the same time.
+    let download = root.join(format!("download-{}", std::process::id()));
     let _ = fs::remove_dir_all(&download);
     fs::create_dir_all(&download)?;
     exec(
@@ -98,7 +99,7 @@ pub fn fetch(spec: KernelSpec) -> anyhow::Result<Kernel> {
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|e| e == "deb"))
         .with_context(|| format!("apt-get download left no .deb in {}", download.display()))?;
-    let tmp = root.join(format!("{package}.partial"));
+    let tmp = root.join(format!("{package}.partial-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp);
     exec(Command::new("dpkg").arg("-x").arg(&deb).arg(&tmp))?;
     let release = release_of(&tmp)?;
@@ -106,9 +107,14 @@ pub fn fetch(spec: KernelSpec) -> anyhow::Result<Kernel> {
     exec(Command::new("depmod").arg("-b").arg(&tmp).arg(&release))
         .context("depmod (package kmod) is needed to resolve module dependencies")?;
     fs::write(tmp.join("gostw-release"), &release)?;
-    let _ = fs::remove_dir_all(&dir);
-    fs::rename(&tmp, &dir)?;
     let _ = fs::remove_dir_all(&download);
+    if unpacked(&dir, &package)?.is_some() {
+        // Another run finished first.
+        let _ = fs::remove_dir_all(&tmp);
+    } else {
+        let _ = fs::remove_dir_all(&dir);
+        fs::rename(&tmp, &dir)?;
+    }
     unpacked(&dir, &package)?.context("unpacked kernel is incomplete")
 }
 
