@@ -5,3 +5,4 @@
 mod support;
 
 mod stw_probe;
+mod vm_env;

@@ -29,13 +29,13 @@ use crate::{
 
 /// Test name filters the VM suite runs when none are given (libtest
 /// substring filters; a module path such as "stw_probe::" selects a module).
-/// Every kernel test so far takes a few seconds under TCG with one Go version,
-/// so all of them run.
-pub const VM_TESTS: &[&str] = &["stw_probe::"];
+/// Every kernel test so far takes seconds under TCG with one Go version, so
+/// all of them run.
+pub const VM_TESTS: &[&str] = &["stw_probe::", "vm_env::"];
 
-/// Kernel tests that only the VM can run (they need kprobes, which the host
-/// kernel lacks): the host's kernel test step passes each as `--skip`.
-pub const HOST_SKIP: &[&str] = &[];
+/// Kernel tests that only the VM can run (they need kprobes or swap, which
+/// the host lacks): the host's kernel test step passes each as `--skip`.
+pub const HOST_SKIP: &[&str] = &["vm_env::"];
 
 /// The Go version of the VM's workloads: the newest of the matrix (the guest
 /// runs one version; the host's kernel tests cover the whole matrix).
