@@ -20,10 +20,9 @@ struct TraceKprobe {
 impl TraceKprobe {
     /// `p:gostw_test/<event> <function>`, enabled.
     fn new(event: &'static str, function: &str) -> Self {
-        append(
-            &format!("{TRACEFS}/kprobe_events"),
-            &format!("p:gostw_test/{event} {function}"),
-        );
+        let probe = format!("p:gostw_test/{event} {function}");
+        append(&format!("{TRACEFS}/kprobe_events"), &probe)
+            .unwrap_or_else(|e| panic!("registering kprobe {probe:?}: {e}"));
         fs::write(format!("{TRACEFS}/events/gostw_test/{event}/enable"), "1")
             .unwrap_or_else(|e| panic!("enabling kprobe {event}: {e}"));
         TraceKprobe { event }
@@ -53,13 +52,12 @@ impl Drop for TraceKprobe {
     }
 }
 
-fn append(path: &str, line: &str) {
+/// Append one line to a tracefs control file (appending keeps the probes
+/// other tests or init.sh registered).
+fn append(path: &str, line: &str) -> std::io::Result<()> {
     use std::io::Write as _;
-    let mut f = fs::OpenOptions::new()
-        .append(true)
-        .open(path)
-        .unwrap_or_else(|e| panic!("opening {path}: {e}"));
-    writeln!(f, "{line}").unwrap_or_else(|e| panic!("writing {line:?} to {path}: {e}"));
+    let mut f = fs::OpenOptions::new().append(true).open(path)?;
+    writeln!(f, "{line}")
 }
 
 /// `pswpin` of /proc/vmstat: pages swapped in since boot.

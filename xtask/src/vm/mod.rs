@@ -37,9 +37,11 @@ pub const VM_TESTS: &[&str] = &["stw_probe::", "vm_env::"];
 /// the host lacks): the host's kernel test step passes each as `--skip`.
 pub const HOST_SKIP: &[&str] = &["vm_env::"];
 
-/// The Go version of the VM's workloads: the newest of the matrix (the guest
-/// runs one version; the host's kernel tests cover the whole matrix).
-const VM_GO: &str = "1.27.3";
+/// The Go toolchain of the VM's workloads: the newest of the matrix (the
+/// guest runs one version; the host's kernel tests cover the whole matrix).
+fn vm_go() -> go::Toolchain {
+    *go::MATRIX.last().expect("the Go matrix is not empty")
+}
 
 #[derive(clap::Args)]
 pub struct Options {
@@ -73,16 +75,18 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let spec = kernel::spec(&opts.kernel)?;
     let kernel = kernel::fetch(spec)?;
     let binaries = payload::build_binaries()?;
-    let toolchain = go::toolchain(VM_GO).expect("the VM's Go version is in the matrix");
+    let toolchain = vm_go();
     if !toolchain.go().is_file() {
         bail!(
-            "Go {VM_GO} is not installed at {}: run `cargo xtask setup`",
+            "Go {} is not installed at {}: run `cargo xtask setup`",
+            toolchain.version,
             toolchain.go().display()
         );
     }
     let work = workspace_root().join("target/vm").join(spec.name);
     fs::create_dir_all(&work)?;
-    let workloads = payload::build_workloads(toolchain, &work.join("workloads"))?;
+    let workloads = work.join("workloads");
+    payload::build_workloads(toolchain, &workloads)?;
     let test_args: Vec<String> = if opts.test_args.is_empty() {
         VM_TESTS.iter().map(|s| (*s).to_owned()).collect()
     } else {
@@ -94,7 +98,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             kernel: &kernel,
             binaries: &binaries,
             workloads: &workloads,
-            go_version: VM_GO,
+            go_version: toolchain.version,
             test_args: &test_args,
             kernel_name: spec.name,
         },

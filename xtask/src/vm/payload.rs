@@ -81,7 +81,7 @@ pub fn build_binaries() -> anyhow::Result<Binaries> {
 
 /// Build every workload of scripts/workloads with `toolchain` into
 /// `out/<version>/`, in each variant of [`WORKLOAD_VARIANTS`].
-pub fn build_workloads(toolchain: go::Toolchain, out: &Path) -> anyhow::Result<PathBuf> {
+pub fn build_workloads(toolchain: go::Toolchain, out: &Path) -> anyhow::Result<()> {
     step(&format!(
         "pre-build the Go workloads with Go {}",
         toolchain.version
@@ -112,7 +112,7 @@ pub fn build_workloads(toolchain: go::Toolchain, out: &Path) -> anyhow::Result<P
             .with_context(|| format!("building workload {name} with Go {}", toolchain.version))?;
         }
     }
-    Ok(out.to_owned())
+    Ok(())
 }
 
 /// Everything the initramfs is made of.
