@@ -1,6 +1,7 @@
 //! gostw's development tasks. `cargo xtask setup` brings a fresh machine to a
 //! working state; `cargo xtask test` runs every check CI runs; `cargo xtask
-//! demo` traces a bundled Go workload; `cargo xtask bench` measures overhead.
+//! demo` traces a bundled Go workload; `cargo xtask bench` measures overhead;
+//! `cargo xtask vm-test` runs the kernel tests in a VM on a distro kernel.
 
 mod bench;
 mod cmd;
@@ -8,6 +9,7 @@ mod demo;
 mod go;
 mod setup;
 mod test;
+mod vm;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +30,8 @@ enum Task {
     Demo(demo::Options),
     /// Measure tracing overhead: traced vs untraced runs of a Go workload.
     Bench(bench::Options),
+    /// Run the kernel tests in a QEMU VM on a distro kernel (kprobes).
+    VmTest(vm::Options),
 }
 
 fn main() -> std::process::ExitCode {
@@ -36,6 +40,7 @@ fn main() -> std::process::ExitCode {
         Task::Test(opts) => test::run(&opts),
         Task::Demo(opts) => demo::run(&opts),
         Task::Bench(opts) => bench::run(&opts),
+        Task::VmTest(opts) => vm::run(&opts),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -12,7 +12,8 @@ use crate::{
 };
 
 /// Debian packages the tests use: Go 1.19, the bpftrace baseline, bpftool,
-/// Prometheus for the agent test, QEMU and an initramfs kit for the VM suite.
+/// Prometheus for the agent test, QEMU, an initramfs kit and depmod (kmod)
+/// for the VM suite.
 const APT_PACKAGES: &[&str] = &[
     "golang-1.19-go",
     "bpftrace",
@@ -21,6 +22,7 @@ const APT_PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "busybox-static",
     "cpio",
+    "kmod",
 ];
 
 /// bpf-linker must match the LLVM major of the nightly that builds the eBPF

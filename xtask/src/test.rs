@@ -1,5 +1,7 @@
 //! `cargo xtask test`: everything CI checks, in order, with the time each
-//! step took. Kernel tests need root; they fail (not skip) without it.
+//! step took. Kernel tests need root; they fail (not skip) without it. The
+//! last step runs the kernel tests again inside a VM on a distro kernel
+//! (`cargo xtask vm-test`).
 
 use std::{process::Command, time::Instant};
 
@@ -7,7 +9,7 @@ use anyhow::bail;
 
 use crate::{
     cmd::{exec, step, workspace_root},
-    go, setup,
+    go, setup, vm,
 };
 
 #[derive(clap::Args)]
@@ -15,6 +17,9 @@ pub struct Options {
     /// Skip `cargo xtask setup` (for a machine already set up).
     #[arg(long)]
     pub no_setup: bool,
+    /// Skip the VM step (kernel tests on a distro kernel under QEMU).
+    #[arg(long)]
+    pub no_vm: bool,
     /// Extra arguments for the kernel test binary (e.g. a test name filter).
     #[arg(last = true)]
     pub kernel_test_args: Vec<String>,
@@ -92,10 +97,17 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                         "kernel",
                     ])
                     .args(["--", "--test-threads=1"])
+                    .args(vm::HOST_SKIP.iter().flat_map(|t| ["--skip", *t]))
                     .args(&opts.kernel_test_args)
                     .env("GOSTW_GO_MATRIX", go::matrix_env()),
             )
         })?;
+        if !opts.no_vm {
+            timed("VM kernel tests", &mut || {
+                step("kernel tests in a VM (Debian's 6.1 kernel, QEMU/TCG)");
+                vm::run(&vm::Options::default())
+            })?;
+        }
         Ok(())
     })();
     eprintln!("\n==> summary ({:.0?} in all)", started.elapsed());

@@ -6,3 +6,4 @@ mod support;
 
 mod pauses;
 mod stw_probe;
+mod vm_env;

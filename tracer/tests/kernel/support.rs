@@ -2,6 +2,10 @@
 //! matrix (installed by `cargo xtask setup`, passed in GOSTW_GO_MATRIX),
 //! building the Go workloads under scripts/workloads, and running them traced.
 //!
+//! Inside the VM (`cargo xtask vm-test`) there is no Go toolchain: the host
+//! pre-builds the workloads and GOSTW_PREBUILT_WORKLOADS names their
+//! directory; GOSTW_VM names the guest's kernel.
+//!
 //! Failures panic with context: a test that cannot run says why.
 
 #![allow(dead_code, reason = "each test module uses a different part")]
@@ -50,7 +54,7 @@ pub fn go_matrix() -> Vec<GoToolchain> {
                 .unwrap_or_else(|| panic!("bad GOSTW_GO_MATRIX entry {entry:?}"));
             let go = PathBuf::from(go);
             assert!(
-                go.is_file(),
+                prebuilt_workloads().is_some() || go.is_file(),
                 "Go {version}: {} is missing; run `cargo xtask setup`",
                 go.display()
             );
@@ -60,6 +64,18 @@ pub fn go_matrix() -> Vec<GoToolchain> {
             }
         })
         .collect()
+}
+
+/// The directory of pre-built workloads (`GOSTW_PREBUILT_WORKLOADS`), laid
+/// out as `<dir>/<go version>/<workload><variant>`; set in the VM.
+pub fn prebuilt_workloads() -> Option<PathBuf> {
+    std::env::var_os("GOSTW_PREBUILT_WORKLOADS").map(PathBuf::from)
+}
+
+/// The kernel the tests run on when inside the VM (`GOSTW_VM`, e.g.
+/// "debian-6.1"); `None` on the host.
+pub fn vm_kernel() -> Option<String> {
+    std::env::var("GOSTW_VM").ok()
 }
 
 /// The newest toolchain of the matrix, for single-version tests.
@@ -79,8 +95,20 @@ fn workspace_root() -> PathBuf {
 
 /// Build `scripts/workloads/<name>` with `go`, passing `build_args` to
 /// `go build` (e.g. `-buildmode=pie`, `-ldflags=-s -w`); `variant` names the
-/// output so variants do not overwrite each other.
+/// output so variants do not overwrite each other. With pre-built workloads
+/// (the VM), returns the one the host built instead.
 pub fn build_workload(name: &str, go: &GoToolchain, variant: &str, build_args: &[&str]) -> PathBuf {
+    if let Some(dir) = prebuilt_workloads() {
+        let path = dir.join(&go.version).join(format!("{name}{variant}"));
+        assert!(
+            path.is_file(),
+            "workload {name}{variant} ({build_args:?}) for Go {} was not pre-built at {}: \
+             add the variant to WORKLOAD_VARIANTS in xtask/src/vm/payload.rs",
+            go.version,
+            path.display()
+        );
+        return path;
+    }
     let out = workspace_root()
         .join("target/go-workloads")
         .join(&go.version)

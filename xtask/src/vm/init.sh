@@ -1,0 +1,73 @@
+#!/bin/busybox sh
+# /init of the VM suite's initramfs (xtask/src/vm/init.sh; `cargo xtask
+# vm-test` fills in the @...@ fields). It prepares what the kernel tests
+# expect of a host (proc, sys, tracefs, bpffs, cgroups, swap), proves the
+# kernel has kprobes, runs the tests and reports their exit code on the serial
+# console as `GOSTW_VM_EXIT=<code>`, which the host waits for. Every line the
+# host parses starts with GOSTW_VM_.
+
+/bin/busybox --install -s /bin
+export PATH=/bin HOME=/root TMPDIR=/tmp
+
+finish() {
+	echo "GOSTW_VM_EXIT=$1"
+	sync
+	poweroff -f
+	echo o >/proc/sysrq-trigger
+}
+
+mkdir -p /proc /sys /dev /tmp /root /run
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /tmp
+mount -t tracefs tracefs /sys/kernel/tracing
+mount -t debugfs debugfs /sys/kernel/debug
+mount -t bpf bpf /sys/fs/bpf
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+echo "GOSTW_VM_KERNEL=$(uname -r)"
+
+# Modules from the kernel's own package, dependencies first.
+for m in @MODULES@; do
+	insmod "/lib/modules/$m" || echo "GOSTW_VM_WARNING=insmod $m failed"
+done
+
+# Swap on the virtio disk the host attached (empty, made fresh each run).
+swap=none
+for _ in 1 2 3 4 5 6 7 8 9 10; do
+	[ -b /dev/vda ] && break
+	sleep 0.2
+done
+if [ -b /dev/vda ] && mkswap /dev/vda >/dev/null && swapon /dev/vda; then
+	swap="/dev/vda $(awk '/^SwapTotal/ {print $2 " kB"}' /proc/meminfo)"
+fi
+echo "GOSTW_VM_SWAP=$swap"
+
+# Kprobes: one on the function the kprobe fault backend hooks first, kept
+# enabled during the tests (its hit count is reported at the end), and one on
+# openat that must fire at once: the kernel accepts kprobes and runs them.
+kp=/sys/kernel/tracing
+hits() { awk -v e="$1" '$1 == e {print $2}' "$kp/kprobe_profile"; }
+if echo 'p:gostw_vm/do_swap_page do_swap_page' >>"$kp/kprobe_events" &&
+	echo 'p:gostw_vm/openat do_sys_openat2' >>"$kp/kprobe_events" &&
+	echo 1 >"$kp/events/gostw_vm/enable" &&
+	cat /proc/version >/dev/null &&
+	[ "$(hits openat)" -gt 0 ]; then
+	echo "GOSTW_VM_KPROBES=ok (do_swap_page registered; do_sys_openat2 fired $(hits openat) times)"
+else
+	echo "GOSTW_VM_KPROBES=missing (kprobe_events: $(cat "$kp/kprobe_events" 2>&1))"
+	finish 97
+fi
+echo 0 >"$kp/events/gostw_vm/openat/enable"
+[ -e /sys/kernel/btf/vmlinux ] && echo "GOSTW_VM_BTF=ok" || echo "GOSTW_VM_BTF=missing"
+echo "GOSTW_VM_BOOTED=$(cut -d' ' -f1 /proc/uptime)"
+
+cd /tmp
+@ENV@ @TEST_BIN@ --test-threads=1 @TEST_ARGS@
+code=$?
+
+echo "GOSTW_VM_KPROBE_HITS=do_swap_page $(hits do_swap_page)"
+echo 0 >"$kp/events/gostw_vm/enable"
+echo '-:gostw_vm/do_swap_page' >>"$kp/kprobe_events"
+echo '-:gostw_vm/openat' >>"$kp/kprobe_events"
+finish "$code"

@@ -1,0 +1,163 @@
+//! `cargo xtask vm-test`: the kernel tests inside a QEMU VM booted on a
+//! distro kernel, which has what these machines' kernel lacks (kprobes).
+//!
+//! The host builds everything (kernel test binary, Go workloads for one Go
+//! version, an initramfs; kernel.rs fetches the kernel package once), QEMU
+//! boots it with TCG, and the guest's /init (init.sh) mounts what the tests
+//! need, sets up swap, proves kprobes work, runs the tests and prints their
+//! exit code, which becomes ours.
+//!
+//! Tests plug in by name: [`VM_TESTS`] lists the filters the VM runs by
+//! default; [`HOST_SKIP`] lists tests that need a kernel feature only the VM
+//! has, which the host's kernel test step skips. In the guest, `GOSTW_VM`
+//! names the kernel (e.g. "debian-6.1"), `GOSTW_PREBUILT_WORKLOADS` points the
+//! test harness at the pre-built workloads, and `env!("CARGO_BIN_EXE_gostw")`
+//! is the real `gostw` binary.
+
+mod kernel;
+mod payload;
+mod qemu;
+
+use std::{fs, time::Duration};
+
+use anyhow::{Context as _, bail};
+
+use crate::{
+    cmd::{step, workspace_root},
+    go,
+};
+
+/// Test name filters the VM suite runs when none are given (libtest
+/// substring filters; a module path such as "stw_probe::" selects a module).
+/// Every kernel test so far takes seconds under TCG with one Go version, so
+/// all of them run.
+pub const VM_TESTS: &[&str] = &["stw_probe::", "vm_env::"];
+
+/// Kernel tests that only the VM can run (they need kprobes or swap, which
+/// the host lacks): the host's kernel test step passes each as `--skip`.
+pub const HOST_SKIP: &[&str] = &["vm_env::"];
+
+/// The Go toolchain of the VM's workloads: the newest of the matrix (the
+/// guest runs one version; the host's kernel tests cover the whole matrix).
+fn vm_go() -> go::Toolchain {
+    *go::MATRIX.last().expect("the Go matrix is not empty")
+}
+
+#[derive(clap::Args)]
+pub struct Options {
+    /// Kernel to boot: debian-6.1 (Debian 12's 6.1 LTS) or debian-6.12.
+    #[arg(long, default_value = "debian-6.1")]
+    pub kernel: String,
+    /// Kill the VM after this many minutes.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_minutes: u64,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 2048)]
+    pub memory_mib: u32,
+    /// Test name filters and other arguments for the kernel test binary
+    /// (default: the VM suite's own list).
+    #[arg(last = true)]
+    pub test_args: Vec<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            kernel: "debian-6.1".to_owned(),
+            timeout_minutes: 20,
+            memory_mib: 2048,
+            test_args: Vec::new(),
+        }
+    }
+}
+
+pub fn run(opts: &Options) -> anyhow::Result<()> {
+    let spec = kernel::spec(&opts.kernel)?;
+    let kernel = kernel::fetch(spec)?;
+    let binaries = payload::build_binaries()?;
+    let toolchain = vm_go();
+    if !toolchain.go().is_file() {
+        bail!(
+            "Go {} is not installed at {}: run `cargo xtask setup`",
+            toolchain.version,
+            toolchain.go().display()
+        );
+    }
+    let work = workspace_root().join("target/vm").join(spec.name);
+    fs::create_dir_all(&work)?;
+    let workloads = work.join("workloads");
+    payload::build_workloads(toolchain, &workloads)?;
+    let test_args: Vec<String> = if opts.test_args.is_empty() {
+        VM_TESTS.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        opts.test_args.clone()
+    };
+    let initrd = work.join("initramfs.cpio");
+    payload::build_initramfs(
+        &payload::Payload {
+            kernel: &kernel,
+            binaries: &binaries,
+            workloads: &workloads,
+            go_version: toolchain.version,
+            test_args: &test_args,
+            kernel_name: spec.name,
+        },
+        &work.join("root"),
+        &initrd,
+    )?;
+    let swap = qemu::swap_disk(&work.join("swap.img"), 1024)?;
+    let log = work.join("console.log");
+
+    step(&format!(
+        "boot {} ({}) under QEMU/TCG; tests: {}",
+        spec.name,
+        kernel.package,
+        test_args.join(" ")
+    ));
+    let report = qemu::run(&qemu::Boot {
+        vmlinuz: &kernel.vmlinuz,
+        initrd: &initrd,
+        swap_disk: &swap,
+        memory_mib: opts.memory_mib,
+        cpus: 2,
+        timeout: Duration::from_secs(opts.timeout_minutes * 60),
+        log: &log,
+    })?;
+    let _ = fs::remove_file(&swap);
+
+    let boot = report.boot_time.unwrap_or_default();
+    eprintln!("\n==> VM summary ({})", spec.name);
+    eprintln!("  package      {}", kernel.package);
+    for key in ["KERNEL", "KPROBES", "BTF", "SWAP", "KPROBE_HITS"] {
+        if let Some(v) = report.fact(key) {
+            eprintln!("  {:<12} {v}", key.to_lowercase());
+        }
+    }
+    eprintln!("  tests run    {}", report.tests_run);
+    eprintln!("  boot         {boot:.1?} (QEMU start to tests start)");
+    eprintln!(
+        "  tests        {:.1?}",
+        report.total_time.saturating_sub(boot)
+    );
+    eprintln!("  console log  {}", log.display());
+    let code = report.exit_code.context("no exit code")?;
+    if !report.fact("KPROBES").is_some_and(|v| v.starts_with("ok")) {
+        bail!(
+            "kprobes are not usable in the guest kernel ({})",
+            kernel.release
+        );
+    }
+    if code == 0 && report.tests_run == 0 {
+        bail!(
+            "no kernel test ran in the VM: the filter {:?} matches none",
+            test_args
+        );
+    }
+    if code != 0 {
+        bail!(
+            "kernel tests failed inside the VM (exit code {code}); console log: {}",
+            log.display()
+        );
+    }
+    Ok(())
+}

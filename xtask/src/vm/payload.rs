@@ -1,0 +1,312 @@
+//! What the VM runs, built on the host: the kernel test binary (and the
+//! `gostw` binary the tests may start), the Go workloads pre-built for one Go
+//! version (the guest has no Go toolchain, and building Go under TCG would
+//! take minutes), the shared libraries they need, and an initramfs holding
+//! all of it with busybox and the `/init` of init.sh.
+//!
+//! Host binaries keep their absolute host paths inside the guest, so
+//! compile-time paths (`env!("CARGO_BIN_EXE_gostw")`,
+//! `env!("CARGO_MANIFEST_DIR")/../scripts`) mean the same file there.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+
+use super::kernel::Kernel;
+use crate::{
+    cmd::{exec, output, step, workspace_root},
+    go,
+};
+
+/// Modules the guest loads for its swap disk (virtio-blk over virtio-pci).
+pub const SWAP_MODULES: &[&str] = &["virtio_pci", "virtio_blk"];
+
+/// Builds of every workload under scripts/workloads: (file name suffix,
+/// `go build` arguments). This mirrors the `build_workload(name, go, variant,
+/// args)` calls of tracer/tests/kernel: a test that builds a new variant adds
+/// it here, or it fails in the VM naming the missing file.
+pub const WORKLOAD_VARIANTS: &[(&str, &[&str])] = &[("", &[])];
+
+/// Where the guest finds the pre-built workloads
+/// (`GOSTW_PREBUILT_WORKLOADS`: `<dir>/<go version>/<workload><variant>`).
+const GUEST_WORKLOADS: &str = "/gostw/workloads";
+
+/// Host-built binaries the guest runs.
+pub struct Binaries {
+    /// The kernel test binary (`--test kernel`).
+    pub tests: PathBuf,
+    /// The `gostw` binary (`CARGO_BIN_EXE_gostw` of the tests).
+    pub gostw: PathBuf,
+}
+
+/// Build the kernel test binary without running it; find it and `gostw` in
+/// cargo's JSON messages.
+pub fn build_binaries() -> anyhow::Result<Binaries> {
+    step("build the kernel test binary (for the guest)");
+    let json = output(
+        Command::new("cargo")
+            .current_dir(workspace_root())
+            .args(["test", "--package", "tracer", "--features", "kernel-tests"])
+            .args(["--test", "kernel", "--no-run", "--message-format=json"]),
+    )?;
+    let mut tests = None;
+    let mut gostw = None;
+    for line in json.lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
+        let kinds = &msg["target"]["kind"];
+        match msg["target"]["name"].as_str() {
+            Some("kernel") if kinds[0] == "test" => tests = Some(PathBuf::from(exe)),
+            Some("gostw") if kinds[0] == "bin" => gostw = Some(PathBuf::from(exe)),
+            _ => {}
+        }
+    }
+    Ok(Binaries {
+        tests: tests.context("cargo built no `kernel` test executable")?,
+        gostw: gostw.context("cargo built no `gostw` executable")?,
+    })
+}
+
+/// Build every workload of scripts/workloads with `toolchain` into
+/// `out/<version>/`, in each variant of [`WORKLOAD_VARIANTS`].
+pub fn build_workloads(toolchain: go::Toolchain, out: &Path) -> anyhow::Result<()> {
+    step(&format!(
+        "pre-build the Go workloads with Go {}",
+        toolchain.version
+    ));
+    let dir = out.join(toolchain.version);
+    fs::create_dir_all(&dir)?;
+    let sources = workspace_root().join("scripts/workloads");
+    let mut names: Vec<_> = fs::read_dir(&sources)?
+        .filter_map(Result::ok)
+        .filter(|e| e.path().join("go.mod").is_file())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    for name in &names {
+        for (variant, args) in WORKLOAD_VARIANTS {
+            exec(
+                Command::new(toolchain.go())
+                    .current_dir(sources.join(name))
+                    .arg("build")
+                    .args(*args)
+                    .arg("-o")
+                    .arg(dir.join(format!("{name}{variant}")))
+                    .arg(".")
+                    .env("GOTOOLCHAIN", "local")
+                    .env("GOFLAGS", "-buildvcs=false")
+                    .env("GOPROXY", "off"),
+            )
+            .with_context(|| format!("building workload {name} with Go {}", toolchain.version))?;
+        }
+    }
+    Ok(())
+}
+
+/// Everything the initramfs is made of.
+pub struct Payload<'a> {
+    pub kernel: &'a Kernel,
+    pub binaries: &'a Binaries,
+    /// `build_workloads`' output directory.
+    pub workloads: &'a Path,
+    /// The Go version the workloads were built with.
+    pub go_version: &'a str,
+    /// Arguments for the test binary after `--test-threads=1`.
+    pub test_args: &'a [String],
+    /// Name of the kernel (`--kernel`), passed to the tests as `GOSTW_VM`.
+    pub kernel_name: &'a str,
+}
+
+/// Stage the guest's root file system in `stage` and pack it into the
+/// uncompressed newc cpio archive `initrd` (no compression: the host would
+/// spend longer compressing than QEMU spends loading it).
+pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Result<()> {
+    step("initramfs");
+    let _ = fs::remove_dir_all(stage);
+    fs::create_dir_all(stage.join("bin"))?;
+    fs::create_dir_all(stage.join("lib/modules"))?;
+
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.is_file() {
+        bail!("/bin/busybox is missing: apt-get install busybox-static");
+    }
+    fs::copy(busybox, stage.join("bin/busybox"))?;
+
+    let modules = p.kernel.modules_in_load_order(SWAP_MODULES)?;
+    let mut module_files = Vec::new();
+    for m in &modules {
+        let file = m.rsplit('/').next().unwrap_or(m);
+        fs::copy(
+            p.kernel.modules.join(m),
+            stage.join("lib/modules").join(file),
+        )
+        .with_context(|| format!("copying module {m}"))?;
+        module_files.push(file.to_owned());
+    }
+
+    // Host binaries at their host paths; debug info stripped (it is most of
+    // the test binary's size and the guest only needs symbols).
+    let mut elves = vec![busybox.to_owned()];
+    for bin in [&p.binaries.tests, &p.binaries.gostw] {
+        let dest = in_stage(stage, bin);
+        fs::create_dir_all(dest.parent().unwrap())?;
+        exec(
+            Command::new("strip")
+                .arg("--strip-debug")
+                .arg(bin)
+                .arg("-o")
+                .arg(&dest),
+        )?;
+        elves.push(bin.clone());
+    }
+    let guest_workloads = stage.join(GUEST_WORKLOADS.trim_start_matches('/'));
+    copy_tree(p.workloads, &guest_workloads)?;
+    for entry in walk(&guest_workloads)? {
+        elves.push(entry);
+    }
+    // Scenario scripts and workload sources, where the tests expect them.
+    let scripts = workspace_root().join("scripts");
+    copy_tree(&scripts, &in_stage(stage, &scripts))?;
+
+    for lib in shared_libraries(&elves)? {
+        let dest = in_stage(stage, &lib);
+        fs::create_dir_all(dest.parent().unwrap())?;
+        fs::copy(&lib, &dest).with_context(|| format!("copying {}", lib.display()))?;
+    }
+
+    let env = [
+        ("GOSTW_VM", p.kernel_name.to_owned()),
+        ("GOSTW_GO_MATRIX", format!("{}=prebuilt", p.go_version)),
+        ("GOSTW_PREBUILT_WORKLOADS", GUEST_WORKLOADS.to_owned()),
+        ("RUST_BACKTRACE", "1".to_owned()),
+    ];
+    let init = include_str!("init.sh")
+        .replace("@MODULES@", &module_files.join(" "))
+        .replace(
+            "@ENV@",
+            &format!(
+                "env {}",
+                env.iter()
+                    .map(|(k, v)| shell_quote(&format!("{k}={v}")))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+        )
+        .replace(
+            "@TEST_BIN@",
+            &shell_quote(&p.binaries.tests.to_string_lossy()),
+        )
+        .replace(
+            "@TEST_ARGS@",
+            &p.test_args
+                .iter()
+                .map(|a| shell_quote(a))
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+    let init_path = stage.join("init");
+    fs::write(&init_path, init)?;
+    exec(Command::new("chmod").arg("755").arg(&init_path))?;
+
+    exec(
+        Command::new("sh")
+            .arg("-c")
+            .arg(r#"cd "$1" && find . -print0 | cpio --null --create --format=newc --quiet > "$2""#)
+            .arg("sh")
+            .arg(stage)
+            .arg(initrd),
+    )
+    .context("packing the initramfs (apt-get install cpio)")?;
+    let size = fs::metadata(initrd)?.len();
+    eprintln!("{} ({} MiB)", initrd.display(), size >> 20);
+    Ok(())
+}
+
+/// `path` (absolute on the host) inside the staged root.
+fn in_stage(stage: &Path, path: &Path) -> PathBuf {
+    stage.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// Every shared library and dynamic loader `elves` need, per `ldd` (nothing
+/// for static binaries such as Go's). Symlinks are followed: the guest gets
+/// the library under the name the loader looks for.
+fn shared_libraries(elves: &[PathBuf]) -> anyhow::Result<BTreeSet<PathBuf>> {
+    let mut libs = BTreeSet::new();
+    for elf in elves {
+        let out = Command::new("ldd").arg(elf).output()?;
+        // ldd exits 1 for static binaries ("not a dynamic executable").
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if line.contains("not found") {
+                bail!("{}: {}", elf.display(), line.trim());
+            }
+            // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or
+            // "/lib64/ld-linux-x86-64.so.2 (0x...)".
+            let path = match line.split_once("=>") {
+                Some((_, rest)) => rest.split_whitespace().next(),
+                None => line.split_whitespace().next(),
+            };
+            if let Some(path) = path.filter(|p| p.starts_with('/')) {
+                libs.insert(PathBuf::from(path));
+            }
+        }
+    }
+    Ok(libs)
+}
+
+/// Copy the directory `from` to `to` (files and directories only).
+fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
+    fs::create_dir_all(to)?;
+    for entry in fs::read_dir(from)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let dest = to.join(entry.file_name());
+        if kind.is_dir() {
+            copy_tree(&entry.path(), &dest)?;
+        } else if kind.is_file() {
+            fs::copy(entry.path(), &dest)?;
+        }
+    }
+    Ok(())
+}
+
+/// Every regular file under `dir`.
+fn walk(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            files.extend(walk(&entry.path())?);
+        } else {
+            files.push(entry.path());
+        }
+    }
+    Ok(files)
+}
+
+/// `s` as one single-quoted shell word.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_words_survive_quotes() {
+        assert_eq!(shell_quote("stw_probe::"), "'stw_probe::'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+    }
+}

@@ -1,0 +1,222 @@
+//! Booting the guest under QEMU (TCG) and following its serial console: every
+//! line goes to our stdout and to a log file; the `GOSTW_VM_*` lines init.sh
+//! prints are collected; the run ends at `GOSTW_VM_EXIT=<code>`, when QEMU
+//! exits, or at the time limit (then QEMU is killed).
+
+use std::{
+    fs::File,
+    io::{BufRead as _, BufReader, Write as _},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+/// What to boot.
+pub struct Boot<'a> {
+    pub vmlinuz: &'a Path,
+    pub initrd: &'a Path,
+    /// A raw image attached as a virtio disk (the guest's swap).
+    pub swap_disk: &'a Path,
+    pub memory_mib: u32,
+    pub cpus: u32,
+    pub timeout: Duration,
+    /// Where the console is logged.
+    pub log: &'a Path,
+}
+
+/// What the guest reported.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// `GOSTW_VM_<KEY>=<value>` lines, in order.
+    pub facts: Vec<(String, String)>,
+    /// The test binary's exit code.
+    pub exit_code: Option<i32>,
+    /// Tests the test binary ran (its `running N tests` lines, summed).
+    pub tests_run: u64,
+    /// From starting QEMU to `GOSTW_VM_BOOTED`.
+    pub boot_time: Option<Duration>,
+    /// From starting QEMU to `GOSTW_VM_EXIT`.
+    pub total_time: Duration,
+}
+
+impl Report {
+    /// The value of `GOSTW_VM_<key>`, if the guest printed it.
+    pub fn fact(&self, key: &str) -> Option<&str> {
+        self.facts
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// How long QEMU may take to exit once the guest reported its exit code.
+const POWEROFF_GRACE: Duration = Duration::from_secs(30);
+
+/// The QEMU system emulator for x86-64 guests.
+const QEMU: &str = "qemu-system-x86_64";
+
+/// Boot, stream the console, and return what the guest reported once it has
+/// printed its exit code. Fails on a missing QEMU, a time-out, or a guest
+/// that stops without an exit code.
+pub fn run(boot: &Boot) -> anyhow::Result<Report> {
+    let mut cmd = Command::new(QEMU);
+    // TCG: a KVM guest hangs at boot on these machines (PLATFORM.md).
+    cmd.args(["-accel", "tcg", "-cpu", "max"])
+        .args(["-m", &boot.memory_mib.to_string()])
+        .args(["-smp", &boot.cpus.to_string()])
+        .arg("-kernel")
+        .arg(boot.vmlinuz)
+        .arg("-initrd")
+        .arg(boot.initrd)
+        .arg("-drive")
+        .arg(format!(
+            "file={},format=raw,if=virtio,cache=unsafe",
+            boot.swap_disk.display()
+        ))
+        .args(["-append", "console=ttyS0 panic=-1 quiet"])
+        .args(["-nographic", "-no-reboot", "-nic", "none"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    eprintln!("+ {cmd:?}");
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            anyhow::anyhow!("{QEMU} is not installed: apt-get install qemu-system-x86")
+        } else {
+            anyhow::Error::new(e).context(format!("starting {QEMU}"))
+        }
+    })?;
+    let mut log = File::create(boot.log)
+        .with_context(|| format!("creating the console log {}", boot.log.display()))?;
+
+    // One thread per pipe turns bytes into lines; the main thread owns the
+    // clock, so a silent, hung guest still ends at the time limit.
+    let (tx, rx) = mpsc::channel::<String>();
+    let stdout = child.stdout.take().expect("piped");
+    let stderr = child.stderr.take().expect("piped");
+    for pipe in [
+        Box::new(stdout) as Box<dyn std::io::Read + Send>,
+        Box::new(stderr),
+    ] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(pipe);
+            let mut buf = Vec::new();
+            while reader.read_until(b'\n', &mut buf).is_ok_and(|n| n > 0) {
+                let line = String::from_utf8_lossy(&buf)
+                    .trim_end_matches(['\r', '\n'])
+                    .to_owned();
+                if tx.send(line).is_err() {
+                    break;
+                }
+                buf.clear();
+            }
+        });
+    }
+    drop(tx);
+
+    let mut report = Report::default();
+    let mut deadline = started + boot.timeout;
+    let outcome = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                println!("{line}");
+                writeln!(log, "{line}")?;
+                report.tests_run += tests_started(&line).unwrap_or(0);
+                if let Some((key, value)) = fact(&line) {
+                    if key == "BOOTED" {
+                        report.boot_time = Some(started.elapsed());
+                    }
+                    if key == "EXIT" {
+                        report.exit_code = value.trim().parse().ok();
+                        report.total_time = started.elapsed();
+                        // The guest powers off next; do not wait long for it.
+                        deadline = deadline.min(Instant::now() + POWEROFF_GRACE);
+                    }
+                    report.facts.push((key.to_owned(), value.to_owned()));
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => break Outcome::TimedOut,
+            // Both pipes closed: QEMU has exited.
+            Err(mpsc::RecvTimeoutError::Disconnected) => break Outcome::Exited,
+        }
+    };
+    if report.exit_code.is_none() {
+        report.total_time = started.elapsed();
+    }
+    if matches!(outcome, Outcome::TimedOut) && report.exit_code.is_some() {
+        eprintln!("the guest did not power off; stopping QEMU");
+        let _ = child.kill();
+    }
+    if matches!(outcome, Outcome::TimedOut) && report.exit_code.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!(
+            "the VM did not finish within {:?} (killed; console log: {}). \
+             Raise --timeout-minutes or narrow the test filter",
+            boot.timeout,
+            boot.log.display()
+        );
+    }
+    let status = child.wait()?;
+    if report.exit_code.is_none() {
+        bail!(
+            "the VM stopped ({status}) without printing GOSTW_VM_EXIT: the guest crashed or \
+             init.sh failed before the tests ended; console log: {}",
+            boot.log.display()
+        );
+    }
+    Ok(report)
+}
+
+enum Outcome {
+    Exited,
+    TimedOut,
+}
+
+/// `GOSTW_VM_KEY=value` anywhere in a console line (kernel messages can share
+/// a line with ours) -> ("KEY", "value").
+fn fact(line: &str) -> Option<(&str, &str)> {
+    let start = line.find("GOSTW_VM_")?;
+    line[start + "GOSTW_VM_".len()..].split_once('=')
+}
+
+/// N of libtest's `running N tests` line.
+fn tests_started(line: &str) -> Option<u64> {
+    let rest = line.strip_prefix("running ")?;
+    let n = rest
+        .strip_suffix(" tests")
+        .or_else(|| rest.strip_suffix(" test"))?;
+    n.parse().ok()
+}
+
+/// A fresh sparse raw image of `size_mib` MiB for the guest's swap.
+pub fn swap_disk(path: &Path, size_mib: u64) -> anyhow::Result<PathBuf> {
+    let f = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    f.set_len(size_mib << 20)?;
+    Ok(path.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn facts_are_found_in_console_lines() {
+        assert_eq!(fact("GOSTW_VM_EXIT=0"), Some(("EXIT", "0")));
+        assert_eq!(
+            fact("[  3.1] x GOSTW_VM_KPROBES=ok (p:a b)"),
+            Some(("KPROBES", "ok (p:a b)"))
+        );
+        assert_eq!(fact("test stw_probe::x ... ok"), None);
+        assert_eq!(tests_started("running 2 tests"), Some(2));
+        assert_eq!(tests_started("running 0 tests"), Some(0));
+        assert_eq!(tests_started("running 1 test"), Some(1));
+        assert_eq!(tests_started("test running 2 tests ... ok"), None);
+    }
+}
