@@ -3,5 +3,8 @@
 
 pub mod binary;
 pub mod ebpf;
+pub mod inspect;
+pub mod kernel_support;
 pub mod process;
 pub mod session;
+pub mod symbolize;

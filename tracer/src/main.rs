@@ -25,6 +25,8 @@ enum Command {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<OsString>,
     },
+    /// Show what gostw finds in a Go binary or a running process's executable.
+    Inspect(tracer::inspect::InspectArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Inspect(args) => tracer::inspect::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Run { command } => {
             let (program, args) = command.split_first().context("no program given")?;
             let path = which_program(program)?;
