@@ -76,7 +76,19 @@ impl Image {
         };
         let header = file.elf_header();
         let pie = header.e_type(endian) == elf::ET_DYN;
-        let segments = file
+        // A cut-off file may still parse (object reads lazily): check that
+        // the section headers and every segment's bytes are present.
+        let shoff = header.e_shoff(endian);
+        let sh_end = u64::from(header.e_shnum(endian))
+            .checked_mul(u64::from(header.e_shentsize(endian)))
+            .and_then(|n| n.checked_add(shoff));
+        if shoff != 0 && sh_end.is_none_or(|end| end > data.len() as u64) {
+            return Err(format!(
+                "section headers end past the end of the file ({} bytes)",
+                data.len()
+            ));
+        }
+        let segments: Vec<Segment> = file
             .elf_program_headers()
             .iter()
             .filter(|ph| ph.p_type(endian) == elf::PT_LOAD)
@@ -88,6 +100,17 @@ impl Image {
                 flags: ph.p_flags(endian),
             })
             .collect();
+        if let Some(seg) = segments.iter().find(|s: &&Segment| {
+            s.offset
+                .checked_add(s.filesz)
+                .is_none_or(|end| end > data.len() as u64)
+        }) {
+            return Err(format!(
+                "the segment at {:#x} ends past the end of the file ({} bytes)",
+                seg.vaddr,
+                data.len()
+            ));
+        }
         let table = file.elf_section_table();
         let mut sections = Vec::new();
         for sh in table.iter() {
@@ -103,6 +126,18 @@ impl Image {
                 kind: sh.sh_type(endian),
                 flags: sh.sh_flags(endian),
             });
+        }
+        if let Some((i, _)) = table.iter().enumerate().find(|(_, sh)| {
+            sh.sh_type(endian) != elf::SHT_NOBITS
+                && sh
+                    .sh_offset(endian)
+                    .checked_add(sh.sh_size(endian))
+                    .is_none_or(|end| end > data.len() as u64)
+        }) {
+            return Err(format!(
+                "section {i} ends past the end of the file ({} bytes)",
+                data.len()
+            ));
         }
         let mut symbols = HashMap::new();
         let mut functions = HashMap::new();

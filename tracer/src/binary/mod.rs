@@ -25,6 +25,8 @@ pub mod offsets;
 pub mod pclntab;
 mod rets;
 pub mod running;
+#[cfg(test)]
+mod tests;
 mod typedesc;
 
 use std::{
@@ -161,7 +163,8 @@ impl GoBinary {
                 }
             }
         })?;
-        let has_pclntab = image.section(".gopclntab").is_some();
+        let has_pclntab = image.section(".gopclntab").is_some()
+            || image.section(".data.rel.ro.gopclntab").is_some();
         let version_string = match buildinfo::version_string(&image) {
             Some(v) => v,
             None if has_pclntab => {

@@ -86,15 +86,8 @@ impl Pclntab {
     /// Parse the `.gopclntab` section of `image`. `text_hint` is the text
     /// start from elsewhere (`runtime.text`), needed when the header holds 0.
     pub(crate) fn parse(image: Arc<Image>, version: GoVersion) -> Result<Pclntab, String> {
-        let section = image
-            .section(".gopclntab")
-            .ok_or("no .gopclntab section")?
-            .clone();
-        let bytes = image
-            .section_data(&section)
-            .ok_or(".gopclntab lies outside the file")?;
-        let start = usize::try_from(section.offset).map_err(|e| e.to_string())?;
-        let end = start + bytes.len();
+        let (addr, start, end) = locate(&image).ok_or("no Go function table (.gopclntab)")?;
+        let bytes = &image.data[start..end];
         let word = |i: usize| -> Result<usize, String> {
             let at = 8 + 8 * i;
             let w = le_u64(
@@ -138,12 +131,7 @@ impl Pclntab {
         {
             return Err(".gopclntab function table is truncated".into());
         }
-        let md = moduledata::find(
-            &image,
-            section.addr,
-            section.addr.wrapping_add(funcname as u64),
-            version,
-        );
+        let md = moduledata::find(&image, addr, addr.wrapping_add(funcname as u64), version);
         // Go 1.26+ write 0 as textStart: take it from the symbol table or
         // the module data, else the .text section (right for internal
         // linking only: external linking puts C code first).
@@ -162,7 +150,7 @@ impl Pclntab {
             .or(md.and_then(|m| m.gofunc))
             .or_else(|| image.section(".go.func").map(|s| s.addr));
         Ok(Pclntab {
-            addr: section.addr,
+            addr,
             start,
             end,
             format,
@@ -420,6 +408,40 @@ impl Pclntab {
         });
         frames
     }
+}
+
+/// Where the table is: (link-time address, file start, file end). Its
+/// section is `.gopclntab`, or `.data.rel.ro.gopclntab` in PIEs before Go
+/// 1.26; without section headers, the first header-like magic in a
+/// loadable segment (to the segment's end).
+fn locate(image: &Image) -> Option<(u64, usize, usize)> {
+    if let Some(s) = image
+        .section(".gopclntab")
+        .or_else(|| image.section(".data.rel.ro.gopclntab"))
+    {
+        let bytes = image.section_data(s)?;
+        let start = usize::try_from(s.offset).ok()?;
+        return Some((s.addr, start, start + bytes.len()));
+    }
+    if !image.sections.is_empty() {
+        return None;
+    }
+    image.segments.iter().find_map(|seg| {
+        let start = usize::try_from(seg.offset).ok()?;
+        let end = start
+            .checked_add(usize::try_from(seg.filesz).ok()?)?
+            .min(image.data.len());
+        let bytes = image.data.get(start..end)?;
+        let at = (0..bytes.len().saturating_sub(8)).step_by(8).find(|&i| {
+            let h = &bytes[i..i + 8];
+            matches!(h[..4], [0xf0 | 0xf1 | 0xfa, 0xff, 0xff, 0xff])
+                && h[4] == 0
+                && h[5] == 0
+                && matches!(h[6], 1 | 2 | 4)
+                && h[7] == 8
+        })?;
+        Some((seg.vaddr + at as u64, start + at, end))
+    })
 }
 
 /// Go's `readvarint` (at most 5 bytes for 32 bits): value and bytes read.

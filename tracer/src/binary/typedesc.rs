@@ -35,7 +35,7 @@ pub(crate) fn struct_layouts(image: &Image) -> Option<StructLayouts> {
         s.kind == elf::SHT_PROGBITS
             && s.flags & u64::from(elf::SHF_ALLOC) != 0
             && s.flags & u64::from(elf::SHF_EXECINSTR) == 0
-            && s.name != ".gopclntab"
+            && !s.name.ends_with("gopclntab")
     }) {
         let Some(bytes) = image.section_data(s) else {
             continue;

@@ -4,4 +4,5 @@
 
 mod support;
 
+mod binary_analysis;
 mod stw_probe;

@@ -81,6 +81,18 @@ fn workspace_root() -> PathBuf {
 /// `go build` (e.g. `-buildmode=pie`, `-ldflags=-s -w`); `variant` names the
 /// output so variants do not overwrite each other.
 pub fn build_workload(name: &str, go: &GoToolchain, variant: &str, build_args: &[&str]) -> PathBuf {
+    build_workload_env(name, go, variant, build_args, &[])
+}
+
+/// `build_workload` with extra environment for `go build` (e.g.
+/// `CGO_ENABLED=1`, `GOARCH=arm64`).
+pub fn build_workload_env(
+    name: &str,
+    go: &GoToolchain,
+    variant: &str,
+    build_args: &[&str],
+    env: &[(&str, &str)],
+) -> PathBuf {
     let out = workspace_root()
         .join("target/go-workloads")
         .join(&go.version)
@@ -95,6 +107,7 @@ pub fn build_workload(name: &str, go: &GoToolchain, variant: &str, build_args: &
         .env("GOTOOLCHAIN", "local")
         .env("GOFLAGS", "-buildvcs=false")
         .env("GOPROXY", "off")
+        .envs(env.iter().copied())
         .status()
         .unwrap_or_else(|e| panic!("running {}: {e}", go.go.display()));
     assert!(
