@@ -12,9 +12,11 @@ use crate::{
 };
 
 /// Debian packages the tests use: Go 1.19, the bpftrace baseline, bpftool,
-/// Prometheus for the agent test, QEMU and an initramfs kit for the VM suite.
+/// Prometheus for the agent test, QEMU and an initramfs kit for the VM suite,
+/// gcc for the cgo (externally linked) workloads.
 const APT_PACKAGES: &[&str] = &[
     "golang-1.19-go",
+    "gcc",
     "bpftrace",
     "bpftool",
     "prometheus",

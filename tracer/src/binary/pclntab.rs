@@ -17,6 +17,7 @@ use super::{
 
 /// Layout generation of the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum PclnFormat {
     /// Go 1.16-1.17: absolute entry PCs in the function table.
     Go116,

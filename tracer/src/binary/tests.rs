@@ -100,9 +100,10 @@ fn buildinfo(version: &str) -> Vec<u8> {
     b
 }
 
-/// A Go 1.20 function table: `main.a` at TEXT (0x10 bytes, lines 10 then
-/// 11 from +8, file a.go) and `main.b` at TEXT+0x10 (0x10 bytes, no tables).
-fn pclntab() -> Vec<u8> {
+/// A function table of `format`: `main.a` at TEXT (0x10 bytes, lines 10
+/// then 11 from +8, file a.go) and `main.b` at TEXT+0x10 (0x10 bytes, no
+/// tables).
+fn pclntab(format: PclnFormat) -> Vec<u8> {
     let funcnames = b"main.a\0main.b\0";
     let cutab = 0u32.to_le_bytes();
     let filetab = b"a.go\0";
@@ -111,45 +112,69 @@ fn pclntab() -> Vec<u8> {
     // for 8 bytes, then +1 (2) for 8 bytes.
     let pctab = [0u8, 2, 0x10, 0, 22, 8, 2, 8, 0];
     let (pcfile_table, pcln_table) = (1u32, 4u32);
-    let header_len = 8 + 8 * 8;
-    let funcname_off = header_len;
+    let (magic, words) = match format {
+        PclnFormat::Go116 => (0xffff_fffau32, 7),
+        PclnFormat::Go118 => (0xffff_fff0, 8),
+        PclnFormat::Go120 => (0xffff_fff1, 8),
+    };
+    let funcname_off = 8 + 8 * words;
     let cu_off = funcname_off + funcnames.len();
     let filetab_off = cu_off + cutab.len();
     let pctab_off = filetab_off + filetab.len();
-    let pcln_off = (pctab_off + pctab.len()).next_multiple_of(4);
+    let pcln_off = (pctab_off + pctab.len()).next_multiple_of(8);
     let mut t = Vec::new();
-    t.extend_from_slice(&0xffff_fff1u32.to_le_bytes());
+    t.extend_from_slice(&magic.to_le_bytes());
     t.extend_from_slice(&[0, 0, 1, 8]);
-    for w in [
-        2u64,
-        1,
-        TEXT,
-        funcname_off as u64,
-        cu_off as u64,
-        filetab_off as u64,
-        pctab_off as u64,
-        pcln_off as u64,
-    ] {
-        t.extend_from_slice(&w.to_le_bytes());
+    t.extend_from_slice(&2u64.to_le_bytes());
+    t.extend_from_slice(&1u64.to_le_bytes());
+    if format != PclnFormat::Go116 {
+        t.extend_from_slice(&TEXT.to_le_bytes());
+    }
+    for w in [funcname_off, cu_off, filetab_off, pctab_off, pcln_off] {
+        t.extend_from_slice(&(w as u64).to_le_bytes());
     }
     t.extend_from_slice(funcnames);
     t.extend_from_slice(&cutab);
     t.extend_from_slice(filetab);
     t.extend_from_slice(&pctab);
     t.resize(pcln_off, 0);
-    // functab: 3 entries of {entryoff, funcoff}, then two 44-byte _func.
-    let func0 = 3 * 8u32;
-    let func1 = func0 + 44;
-    for (entry, f) in [(0u32, func0), (0x10, func1), (0x20, 0)] {
-        t.extend_from_slice(&entry.to_le_bytes());
-        t.extend_from_slice(&f.to_le_bytes());
+    // functab: 3 entries of {entry, funcoff}, then the two _func records.
+    let (entry_size, func_size) = match format {
+        PclnFormat::Go116 => (16u64, 44u64),
+        PclnFormat::Go118 => (8, 40),
+        PclnFormat::Go120 => (8, 44),
+    };
+    let func0 = 3 * entry_size;
+    let func1 = func0 + func_size;
+    for (entry, f) in [(0u64, func0), (0x10, func1), (0x20, 0)] {
+        if format == PclnFormat::Go116 {
+            t.extend_from_slice(&(TEXT + entry).to_le_bytes());
+            t.extend_from_slice(&f.to_le_bytes());
+        } else {
+            t.extend_from_slice(&(entry as u32).to_le_bytes());
+            t.extend_from_slice(&(f as u32).to_le_bytes());
+        }
     }
-    let func = |entry: u32, name: u32, pcfile: u32, pcln: u32| {
+    let func = |entry: u64, name: u32, pcfile: u32, pcln: u32| {
         let mut f = Vec::new();
-        for w in [entry, name, 0, 0, 0, pcfile, pcln, 0, 0, 1] {
+        if format == PclnFormat::Go116 {
+            f.extend_from_slice(&(TEXT + entry).to_le_bytes());
+        } else {
+            f.extend_from_slice(&(entry as u32).to_le_bytes());
+        }
+        // nameOff, args, deferreturn, pcsp, pcfile, pcln, npcdata, cuOffset.
+        for w in [name, 0, 0, 0, pcfile, pcln, 0, 0] {
             f.extend_from_slice(&w.to_le_bytes());
         }
-        f.extend_from_slice(&[0, 0, 0, 0]); // funcID, flag, pad, nfuncdata
+        match format {
+            PclnFormat::Go116 => f.extend_from_slice(&[0, 0, 0, 0]), // funcID, pad, nfuncdata
+            PclnFormat::Go118 => f.extend_from_slice(&[0, 0, 0, 0]), // funcID, flag, pad, nfuncdata
+            PclnFormat::Go120 => {
+                f.extend_from_slice(&1u32.to_le_bytes()); // startLine
+                f.extend_from_slice(&[0, 0, 0, 0]);
+            }
+        }
+        assert_eq!(f.len() as u64, func_size);
         f
     };
     t.extend(func(0, 0, pcfile_table, pcln_table));
@@ -157,11 +182,15 @@ fn pclntab() -> Vec<u8> {
     t
 }
 
-fn synthetic(version: &str) -> Vec<u8> {
+fn synthetic_with(version: &str, format: PclnFormat) -> Vec<u8> {
     elf(&[
-        (".gopclntab", 1, &pclntab()),
+        (".gopclntab", 1, &pclntab(format)),
         (".go.buildinfo", 1, &buildinfo(version)),
     ])
+}
+
+fn synthetic(version: &str) -> Vec<u8> {
+    synthetic_with(version, PclnFormat::Go120)
 }
 
 #[test]
@@ -197,6 +226,36 @@ fn synthetic_binary_gives_functions_and_lines() {
     // No DWARF, no type descriptors: the table alone gives the offsets.
     let offsets = bin.struct_offsets().unwrap();
     assert_eq!(offsets.fields["g.goid"].source, OffsetSource::VersionTable);
+}
+
+#[test]
+fn every_pclntab_format_is_read() {
+    for (version, format) in [
+        ("go1.16.15", PclnFormat::Go116),
+        ("go1.19.8", PclnFormat::Go118),
+        ("go1.27.3", PclnFormat::Go120),
+    ] {
+        let bin =
+            GoBinary::from_bytes(Path::new("synthetic"), synthetic_with(version, format)).unwrap();
+        let p = bin.pclntab().unwrap();
+        assert_eq!(p.format, format);
+        assert_eq!(
+            p.lookup("main.b"),
+            vec![(TEXT + 0x10, TEXT + 0x20)],
+            "{format:?}"
+        );
+        let frames = p.frames(TEXT + 9);
+        assert_eq!(frames.len(), 1);
+        assert_eq!(
+            (
+                frames[0].function.as_str(),
+                frames[0].file.as_str(),
+                frames[0].line
+            ),
+            ("main.a", "a.go", 11),
+            "{format:?}"
+        );
+    }
 }
 
 #[test]

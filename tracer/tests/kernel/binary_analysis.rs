@@ -173,7 +173,7 @@ fn sibling<'a>(b: &Build, variant: &str) -> &'a Build {
 }
 
 /// The build whose symbols describe `b` (itself, or its unstripped twin).
-fn reference<'a>(b: &'a Build) -> &'a Build {
+fn reference(b: &Build) -> &Build {
     match b.spec.twin {
         Some(t) => sibling(b, t),
         None => b,
@@ -861,11 +861,14 @@ fn regions(path: &Path) -> Vec<(usize, usize)> {
     out
 }
 
+/// A binary's bytes and the regions to mutate.
+type Sample = (Vec<u8>, Vec<(usize, usize)>);
+
 #[test]
 fn parsers_survive_mutated_real_binaries() {
     let started = Instant::now();
     let newest = builds().last().unwrap();
-    let samples: Vec<(Vec<u8>, Vec<(usize, usize)>)> = ["stripped", "arm64-stripped", "exe"]
+    let samples: Vec<Sample> = ["stripped", "arm64-stripped", "exe"]
         .iter()
         .map(|v| {
             let b = sibling(newest, v);
