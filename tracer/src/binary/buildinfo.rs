@@ -87,7 +87,7 @@ fn buildinfo(image: &Image) -> Option<(u64, &[u8])> {
                     .chunks(16)
                     .position(|chunk| chunk.starts_with(MAGIC))?
                     * 16;
-                Some((seg.vaddr + at as u64, bytes.get(at..)?))
+                Some((seg.vaddr.wrapping_add(at as u64), bytes.get(at..)?))
             }),
     };
     found.filter(|(_, d)| d.starts_with(MAGIC) && d.len() >= 32)

@@ -441,7 +441,7 @@ fn locate(image: &Image) -> Option<(u64, usize, usize)> {
                 && matches!(h[6], 1 | 2 | 4)
                 && h[7] == 8
         })?;
-        Some((seg.vaddr + at as u64, start + at, end))
+        Some((seg.vaddr.wrapping_add(at as u64), start + at, end))
     })
 }
 

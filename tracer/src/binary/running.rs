@@ -126,9 +126,49 @@ fn bias_from_maps(maps: &str, ino: u64, segments: &[Segment]) -> Option<u64> {
     // The segment holding that file offset gives the link address mapped there.
     let seg = segments
         .iter()
-        .filter(|s| s.offset <= offset + 0xfff)
+        .filter(|s| s.offset <= offset.saturating_add(0xfff))
         .max_by_key(|s| s.offset)?;
     let linked = seg.vaddr.checked_add(offset)?.checked_sub(seg.offset)?;
     // Page-align as the kernel did when mapping.
     Some(start.wrapping_sub(linked & !0xfff))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(vaddr: u64, offset: u64, flags: u32) -> Segment {
+        Segment {
+            vaddr,
+            memsz: 0x10000,
+            offset,
+            filesz: 0x10000,
+            flags,
+        }
+    }
+
+    #[test]
+    fn bias_of_pie_and_fixed_executables() {
+        // Go's layout: text at 0x400000 from file offset 0, then rodata.
+        let segments = [seg(0x400000, 0, 5), seg(0x529000, 0x129000, 4)];
+        let pie = "\
+55d0aaa00000-55d0aab29000 r-xp 00000000 fd:01 1234 /srv/app
+55d0aab29000-55d0aac76000 r--p 00129000 fd:01 1234 /srv/app
+7f0000000000-7f0000001000 rw-p 00000000 00:00 0
+";
+        assert_eq!(
+            bias_from_maps(pie, 1234, &segments),
+            Some(0x55d0aaa00000 - 0x400000)
+        );
+        let fixed = "00400000-00529000 r-xp 00000000 fd:01 77 /srv/app\n";
+        assert_eq!(bias_from_maps(fixed, 77, &segments), Some(0));
+        // Only a later segment mapped (the first was unmapped): still right.
+        let later = "55d0aab29000-55d0aac76000 r--p 00129000 fd:01 1234 /srv/app\n";
+        assert_eq!(
+            bias_from_maps(later, 1234, &segments),
+            Some(0x55d0aaa00000 - 0x400000)
+        );
+        assert_eq!(bias_from_maps(pie, 999, &segments), None);
+        assert_eq!(bias_from_maps("garbage\n", 1234, &segments), None);
+    }
 }

@@ -40,7 +40,9 @@ pub(crate) fn struct_layouts(image: &Image) -> Option<StructLayouts> {
         let Some(bytes) = image.section_data(s) else {
             continue;
         };
-        let first = s.addr.next_multiple_of(8);
+        let Some(first) = s.addr.checked_next_multiple_of(8) else {
+            continue;
+        };
         let count = (bytes.len() as u64).saturating_sub(first - s.addr) / 8;
         for i in 0..count {
             let at = first + i * 8;
@@ -88,8 +90,8 @@ fn struct_fields(image: &Image, at: u64) -> Option<Fields> {
     let size = image.u64_at(at)?;
     let fields_at = at.checked_add(TYPE_SIZE + 8)?;
     let ptr = image.ptr_at(fields_at)?;
-    let len = image.u64_at(fields_at + 8)?;
-    let cap = image.u64_at(fields_at + 16)?;
+    let len = image.u64_at(fields_at.wrapping_add(8))?;
+    let cap = image.u64_at(fields_at.wrapping_add(16))?;
     if len == 0 || len != cap || len > MAX_FIELDS {
         return None;
     }
@@ -98,8 +100,8 @@ fn struct_fields(image: &Image, at: u64) -> Option<Fields> {
     for i in 0..len {
         let field = ptr.checked_add(i * 24)?;
         let name = name_at(image, image.ptr_at(field)?)?;
-        let typ = image.ptr_at(field + 8)?;
-        let offset = image.u64_at(field + 16)?;
+        let typ = image.ptr_at(field.wrapping_add(8))?;
+        let offset = image.u64_at(field.wrapping_add(16))?;
         // Fields are laid out in order inside the struct.
         if offset < last_offset || offset > size {
             return None;
