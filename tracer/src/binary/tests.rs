@@ -13,15 +13,15 @@ const BASE: u64 = 0x400000;
 const TEXT: u64 = 0x401000;
 
 /// A minimal little-endian x86-64 ELF executable: one RX segment mapping the
-/// whole file at `BASE`, and the named sections at the given file offsets.
-fn elf(sections: &[(&str, u32, &[u8])]) -> Vec<u8> {
+/// whole file at `BASE`, and the given sections (name, type, flags, bytes).
+fn elf(sections: &[(&str, u32, u64, &[u8])]) -> Vec<u8> {
     let mut out = vec![0u8; 0x1000];
     let mut placed = Vec::new();
-    for (name, kind, data) in sections {
+    for (name, kind, flags, data) in sections {
         let off = out.len().next_multiple_of(16);
         out.resize(off, 0);
         out.extend_from_slice(data);
-        placed.push((*name, *kind, off as u64, data.len() as u64));
+        placed.push((*name, *kind, *flags, off as u64, data.len() as u64));
     }
     // Section name table.
     let mut shstrtab = vec![0u8];
@@ -47,8 +47,8 @@ fn elf(sections: &[(&str, u32, &[u8])]) -> Vec<u8> {
         h
     };
     out.extend_from_slice(&shdr(0, 0, 0, 0, 0, 0));
-    for (i, (_, kind, off, size)) in placed.iter().enumerate() {
-        out.extend_from_slice(&shdr(names[i], *kind, 2, BASE + off, *off, *size));
+    for (i, (_, kind, flags, off, size)) in placed.iter().enumerate() {
+        out.extend_from_slice(&shdr(names[i], *kind, *flags, BASE + off, *off, *size));
     }
     out.extend_from_slice(&shdr(
         names[placed.len()],
@@ -184,8 +184,8 @@ fn pclntab(format: PclnFormat) -> Vec<u8> {
 
 fn synthetic_with(version: &str, format: PclnFormat) -> Vec<u8> {
     elf(&[
-        (".gopclntab", 1, &pclntab(format)),
-        (".go.buildinfo", 1, &buildinfo(version)),
+        (".gopclntab", 1, 2, &pclntab(format)),
+        (".go.buildinfo", 1, 2, &buildinfo(version)),
     ])
 }
 
@@ -271,7 +271,7 @@ fn bad_inputs_are_errors_not_panics() {
     ));
     // An ELF with no Go sections.
     assert!(matches!(
-        GoBinary::from_bytes(p, elf(&[(".data", 1, b"hello")])),
+        GoBinary::from_bytes(p, elf(&[(".data", 1, 2, b"hello")])),
         Err(BinaryError::NotGo { .. })
     ));
     // Truncated: the section headers are gone.
@@ -297,6 +297,38 @@ fn bad_inputs_are_errors_not_panics() {
             Err(BinaryError::NotGo { .. })
         ));
     }
+}
+
+#[test]
+fn compressed_debug_sections_are_inflated() {
+    let payload: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+    let z = miniz_oxide::deflate::compress_to_vec_zlib(&payload, 6);
+    // GNU style: ".zdebug_*", "ZLIB", big-endian size.
+    let mut gnu = b"ZLIB".to_vec();
+    gnu.extend_from_slice(&(payload.len() as u64).to_be_bytes());
+    gnu.extend_from_slice(&z);
+    // ELF style (what Go writes): SHF_COMPRESSED and an Elf64_Chdr.
+    let mut chdr = Vec::new();
+    chdr.extend_from_slice(&1u32.to_le_bytes());
+    chdr.extend_from_slice(&0u32.to_le_bytes());
+    chdr.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    chdr.extend_from_slice(&1u64.to_le_bytes());
+    chdr.extend_from_slice(&z);
+    let image = image::Image::parse(elf(&[
+        (".zdebug_info", 1, 0, &gnu),
+        (".debug_abbrev", 1, 0x800, &chdr),
+        (".debug_line", 1, 0, b"plain"),
+        (".debug_str", 1, 0x800, b"not a compressed section"),
+    ]))
+    .unwrap();
+    assert_eq!(image.debug_section(".debug_info"), Some(payload.clone()));
+    assert_eq!(image.debug_section(".debug_abbrev"), Some(payload));
+    assert_eq!(
+        image.debug_section(".debug_line").as_deref(),
+        Some(&b"plain"[..])
+    );
+    assert_eq!(image.debug_section(".debug_str"), None);
+    assert_eq!(image.debug_section(".debug_ranges"), None);
 }
 
 /// Run every parser over `data`; only a panic fails.
