@@ -84,8 +84,8 @@ const FUNCDATA_INL_TREE: u32 = 3;
 const MAX_INLINE_DEPTH: usize = 64;
 
 impl Pclntab {
-    /// Parse the `.gopclntab` section of `image`. `text_hint` is the text
-    /// start from elsewhere (`runtime.text`), needed when the header holds 0.
+    /// Parse the function table of `image`, built by Go `version` (which
+    /// says where the module data keeps `gofunc`).
     pub(crate) fn parse(image: Arc<Image>, version: GoVersion) -> Result<Pclntab, String> {
         let (addr, start, end) = locate(&image).ok_or("no Go function table (.gopclntab)")?;
         let bytes = &image.data[start..end];
