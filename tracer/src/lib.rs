@@ -4,10 +4,13 @@
 pub mod binary;
 pub mod ebpf;
 pub mod events;
+pub mod inspect;
+pub mod kernel_support;
 pub mod pauses;
 pub mod pipeline;
 pub mod process;
 pub mod report;
 pub mod session;
+pub mod symbolize;
 pub mod target;
 pub mod units;

@@ -24,6 +24,8 @@ enum Command {
     /// Start a Go program and trace it from its first instruction; exits with
     /// the program's exit code.
     Run(cli::run::Args),
+    /// Show what gostw finds in a Go binary or a running process's executable.
+    Inspect(tracer::inspect::InspectArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +45,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Attach(args) => cli::attach::run(args).await,
             Command::Run(args) => cli::run::run(args).await,
+            Command::Inspect(args) => tracer::inspect::run(&args).map(|()| 0),
         }
     });
     match result {

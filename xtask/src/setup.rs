@@ -13,9 +13,10 @@ use crate::{
 
 /// Debian packages the tests use: Go 1.19, the bpftrace baseline, bpftool,
 /// Prometheus for the agent test, QEMU, an initramfs kit and depmod (kmod)
-/// for the VM suite.
+/// for the VM suite, gcc for the cgo (externally linked) workloads.
 const APT_PACKAGES: &[&str] = &[
     "golang-1.19-go",
+    "gcc",
     "bpftrace",
     "bpftool",
     "prometheus",

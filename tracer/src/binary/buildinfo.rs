@@ -1,6 +1,6 @@
 //! The Go version recorded in `.go.buildinfo`.
 
-use object::ObjectSection as _;
+use super::image::Image;
 
 /// A Go release, e.g. 1.22.10.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -11,8 +11,10 @@ pub struct GoVersion {
 }
 
 impl GoVersion {
-    /// Parse "go1.22.10" (also "go1.21rc2", "go1.23.0 X:..."): the numeric prefix.
+    /// Parse "go1.22.10" (also "go1.21rc2", "go1.23.0 X:...", "devel
+    /// go1.24-abcdef ..."): the numeric prefix.
     pub fn parse(s: &str) -> Option<GoVersion> {
+        let s = s.strip_prefix("devel ").unwrap_or(s);
         let s = s.strip_prefix("go")?;
         let mut parts = s
             .split(|c: char| !c.is_ascii_digit())
@@ -38,21 +40,57 @@ impl std::fmt::Display for GoVersion {
 
 const MAGIC: &[u8] = b"\xff Go buildinf:";
 
-/// The version string of a Go 1.18+ binary (inline strings, flag 0x02).
-pub fn go_version<'a>(file: &impl object::Object<'a>) -> Option<GoVersion> {
-    let data = file.section_by_name(".go.buildinfo")?.data().ok()?;
-    if !data.starts_with(MAGIC) || data.len() < 32 {
+/// The version string recorded by the Go linker, e.g. "go1.22.10".
+///
+/// Go 1.18+ stores it inline (flag 0x02: a varint length and the bytes at
+/// offset 32); 1.13-1.17 store a pointer to the `runtime.buildVersion`
+/// string header at offset 16.
+pub(crate) fn version_string(image: &Image) -> Option<String> {
+    let (addr, data) = buildinfo(image)?;
+    let flags = *data.get(15)?;
+    if flags & 0x02 != 0 {
+        let (len, n) = read_uvarint(data.get(32..)?)?;
+        let start = 32 + n;
+        let bytes = data.get(start..start.checked_add(usize::try_from(len).ok()?)?)?;
+        return Some(String::from_utf8_lossy(bytes).into_owned());
+    }
+    let ptr_size = *data.get(14)?;
+    if ptr_size != 8 || flags & 0x01 != 0 {
+        return None; // 32-bit or big-endian: not an architecture gostw traces
+    }
+    let header = image.ptr_at(addr.checked_add(16)?)?;
+    let str_ptr = image.ptr_at(header)?;
+    let len = usize::try_from(image.u64_at(header.checked_add(8)?)?).ok()?;
+    if len > 1024 {
         return None;
     }
-    let flags = data[15];
-    if flags & 0x02 == 0 {
-        // Pre-1.18 layout (pointers to strings): not supported by gostw.
-        return None;
-    }
-    let (len, n) = read_uvarint(&data[32..])?;
-    let start = 32 + n;
-    let bytes = data.get(start..start.checked_add(usize::try_from(len).ok()?)?)?;
-    GoVersion::parse(std::str::from_utf8(bytes).ok()?)
+    let bytes = image.bytes_at(str_ptr, len)?;
+    Some(String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// The build information (its address and the bytes from there to the end
+/// of its section): the `.go.buildinfo` section, else (no section headers)
+/// the first 16-byte-aligned magic in a writable segment, as Go's own
+/// debug/buildinfo searches.
+fn buildinfo(image: &Image) -> Option<(u64, &[u8])> {
+    let found = match image.section(".go.buildinfo") {
+        Some(s) => Some((s.addr, image.section_data(s)?)),
+        None => image
+            .segments
+            .iter()
+            .filter(|seg| seg.flags & object::elf::PF_W != 0)
+            .find_map(|seg| {
+                let start = usize::try_from(seg.offset).ok()?;
+                let end = start.checked_add(usize::try_from(seg.filesz).ok()?)?;
+                let bytes = image.data.get(start..end.min(image.data.len()))?;
+                let at = bytes
+                    .chunks(16)
+                    .position(|chunk| chunk.starts_with(MAGIC))?
+                    * 16;
+                Some((seg.vaddr.wrapping_add(at as u64), bytes.get(at..)?))
+            }),
+    };
+    found.filter(|(_, d)| d.starts_with(MAGIC) && d.len() >= 32)
 }
 
 /// Go's `binary.Uvarint`: value and bytes consumed.

@@ -1,27 +1,60 @@
 //! Go binary analysis: what gostw needs to know about an executable before it
-//! can probe it (Go version, where the runtime functions are, where they
-//! return).
+//! can probe it — Go version, where the runtime functions are and where they
+//! return, the layout of the runtime structs — for plain, PIE, stripped
+//! (`-s -w`), DWARF-less (`-w`) and externally linked (cgo) binaries, and
+//! for the executable of a running process, container or not.
+//!
+//! ```no_run
+//! # use tracer::binary::{GoBinary, START_THE_WORLD};
+//! let bin = GoBinary::open("/usr/local/bin/server".as_ref())?;
+//! let start = bin.function(START_THE_WORLD)?; // entry, file offset, RETs
+//! let offsets = bin.struct_offsets()?; // DWARF, else type descriptors, else table
+//! # Ok::<(), tracer::binary::BinaryError>(())
+//! ```
+//!
+//! Sources, in order of preference: functions from `.symtab`, else
+//! `.gopclntab` (always present); struct offsets from DWARF, else the
+//! runtime's type descriptors (present after `-s -w`), else a per-version
+//! table.
 
 mod buildinfo;
+mod dwarf;
+mod image;
+mod moduledata;
 pub mod offsets;
+pub mod pclntab;
 mod rets;
+pub mod running;
+#[cfg(test)]
+mod tests;
+mod typedesc;
 
 use std::{
-    collections::BTreeMap,
-    fs,
     path::{Path, PathBuf},
+    sync::{Arc, OnceLock},
 };
 
-use object::{Object as _, ObjectSymbol as _, elf, read::elf::ProgramHeader as _};
-
 pub use buildinfo::GoVersion;
+use image::Image;
+pub use image::Segment;
 pub use offsets::{OffsetSource, StructOffsets};
+pub use pclntab::{Frame, PclnFormat, Pclntab};
 
 /// Runtime functions gostw probes.
 pub const STOP_THE_WORLD: &str = "runtime.stopTheWorldWithSema";
 pub const START_THE_WORLD: &str = "runtime.startTheWorldWithSema";
 pub const NEWSTACK: &str = "runtime.newstack";
 pub const COPYSTACK: &str = "runtime.copystack";
+pub const MORESTACK: &str = "runtime.morestack";
+
+/// Every function `gostw inspect` reports.
+pub const PROBED_FUNCTIONS: &[&str] = &[
+    STOP_THE_WORLD,
+    START_THE_WORLD,
+    NEWSTACK,
+    COPYSTACK,
+    MORESTACK,
+];
 
 /// Why a binary cannot be analysed; every variant says what the user can do.
 #[derive(Debug, thiserror::Error)]
@@ -33,12 +66,14 @@ pub enum BinaryError {
     },
     #[error("{path} is not an ELF executable: {reason}")]
     NotElf { path: PathBuf, reason: String },
-    #[error("{path} is not a Go program (no Go build information)")]
+    #[error("{path} is not a Go program (no Go build information or function table)")]
     NotGo { path: PathBuf },
     #[error("{path}: function {name} not found")]
     MissingFunction { path: PathBuf, name: String },
     #[error("{path}: {reason}")]
     Malformed { path: PathBuf, reason: String },
+    #[error("process {pid}: {reason}")]
+    Process { pid: u32, reason: String },
 }
 
 /// Architectures gostw understands.
@@ -49,135 +84,252 @@ pub enum Arch {
     Arm64,
 }
 
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Arch::Amd64 => "amd64",
+            Arch::Arm64 => "arm64",
+        })
+    }
+}
+
+/// Where a function's address came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FunctionSource {
+    Symtab,
+    Pclntab,
+}
+
 /// A probed function: where it is in memory and in the file.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct GoFunction {
     pub name: String,
     /// Link-time virtual address of the entry.
     pub address: u64,
+    /// Bytes of code (from pclntab: up to the next function, padding included).
     pub size: u64,
     /// Offset of the entry in the file (what uprobes take).
     pub file_offset: u64,
     /// File offsets of every RET instruction inside the function.
     pub ret_file_offsets: Vec<u64>,
+    pub source: FunctionSource,
 }
 
 /// One analysed Go executable.
 pub struct GoBinary {
+    /// The path it was opened by (for a process: as the host sees it).
     pub path: PathBuf,
     pub arch: Arch,
     pub pie: bool,
     pub version: GoVersion,
+    /// The version as the linker wrote it, e.g. "go1.22.10 X:nocoverageredesign".
+    pub version_string: String,
     pub has_symtab: bool,
     pub has_dwarf: bool,
-    data: Vec<u8>,
-    /// Function name -> (address, size), from the symbol table.
-    symbols: BTreeMap<String, (u64, u64)>,
-    /// Executable PT_LOAD segments: (vaddr, memsz, file offset).
-    exec_segments: Vec<(u64, u64, u64)>,
+    /// Go's build id (`.note.go.buildid`).
+    pub go_build_id: Option<String>,
+    /// The GNU build id (`.note.gnu.build-id`), hex.
+    pub gnu_build_id: Option<String>,
+    image: Arc<Image>,
+    pclntab: Result<Arc<Pclntab>, String>,
+    offsets: OnceLock<Result<StructOffsets, String>>,
 }
 
 impl GoBinary {
     /// Read and analyse the executable at `path`.
     pub fn open(path: &Path) -> Result<GoBinary, BinaryError> {
-        let data = fs::read(path).map_err(|source| BinaryError::Read {
+        let data = std::fs::read(path).map_err(|source| BinaryError::Read {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse(path, data)
+        Self::from_bytes(path, data)
     }
 
-    fn parse(path: &Path, data: Vec<u8>) -> Result<GoBinary, BinaryError> {
-        let not_elf = |reason: String| BinaryError::NotElf {
+    /// Analyse an executable already in memory; `path` names it in errors.
+    pub fn from_bytes(path: &Path, data: Vec<u8>) -> Result<GoBinary, BinaryError> {
+        let malformed = |reason: String| BinaryError::Malformed {
             path: path.to_owned(),
             reason,
         };
-        let file = object::read::elf::ElfFile64::<object::Endianness>::parse(&*data)
-            .map_err(|e| not_elf(e.to_string()))?;
-        let arch = match file.architecture() {
-            object::Architecture::X86_64 => Arch::Amd64,
-            object::Architecture::Aarch64 => Arch::Arm64,
-            other => return Err(not_elf(format!("unsupported architecture {other:?}"))),
-        };
-        let pie = file.elf_header().e_type.get(file.endian()) == elf::ET_DYN;
-        let version = buildinfo::go_version(&file).ok_or_else(|| BinaryError::NotGo {
-            path: path.to_owned(),
-        })?;
-        let mut symbols = BTreeMap::new();
-        for sym in file.symbols() {
-            if sym.kind() == object::SymbolKind::Text
-                && let Ok(name) = sym.name()
-            {
-                // The ABI0 wrappers share names with the real functions in
-                // pclntab; the symtab spells them "*.abi0", so plain names are
-                // the ABIInternal bodies we want.
-                symbols.insert(name.to_owned(), (sym.address(), sym.size()));
+        let is_elf = data.starts_with(b"\x7fELF");
+        let image = Image::parse(data).map_err(|reason| {
+            if is_elf {
+                malformed(format!("truncated or corrupted ELF file ({reason})"))
+            } else {
+                BinaryError::NotElf {
+                    path: path.to_owned(),
+                    reason,
+                }
             }
-        }
-        let endian = file.endian();
-        let exec_segments = file
-            .elf_program_headers()
-            .iter()
-            .filter(|ph| ph.p_type(endian) == elf::PT_LOAD && ph.p_flags(endian) & elf::PF_X != 0)
-            .map(|ph| (ph.p_vaddr(endian), ph.p_memsz(endian), ph.p_offset(endian)))
-            .collect();
-        let has_dwarf = file.section_by_name(".debug_info").is_some()
-            || file.section_by_name(".zdebug_info").is_some();
+        })?;
+        let has_pclntab = image.section(".gopclntab").is_some()
+            || image.section(".data.rel.ro.gopclntab").is_some();
+        let version_string = match buildinfo::version_string(&image) {
+            Some(v) => v,
+            None if has_pclntab => {
+                return Err(malformed(
+                    "has a Go function table but no readable Go build information (.go.buildinfo)"
+                        .into(),
+                ));
+            }
+            None => {
+                return Err(BinaryError::NotGo {
+                    path: path.to_owned(),
+                });
+            }
+        };
+        let version = GoVersion::parse(&version_string).ok_or_else(|| {
+            malformed(format!("unrecognised Go version string {version_string:?}"))
+        })?;
+        let image = Arc::new(image);
+        let pclntab = Pclntab::parse(image.clone(), version).map(Arc::new);
+        let has_dwarf =
+            image.section(".debug_info").is_some() || image.section(".zdebug_info").is_some();
         Ok(GoBinary {
             path: path.to_owned(),
-            arch,
-            pie,
+            arch: image.arch,
+            pie: image.pie,
             version,
-            has_symtab: !symbols.is_empty(),
+            version_string,
+            has_symtab: !image.symbols.is_empty(),
             has_dwarf,
-            data,
-            symbols,
-            exec_segments,
+            go_build_id: image.go_build_id(),
+            gnu_build_id: image.gnu_build_id.clone(),
+            pclntab,
+            image,
+            offsets: OnceLock::new(),
         })
     }
 
-    /// The runtime struct offsets of this binary, with their sources.
+    /// The id that names this build: Go's build id, else the GNU one.
+    pub fn build_id(&self) -> Option<&str> {
+        self.go_build_id.as_deref().or(self.gnu_build_id.as_deref())
+    }
+
+    /// The function table; the error says why it cannot be read.
+    pub fn pclntab(&self) -> Result<&Arc<Pclntab>, BinaryError> {
+        self.pclntab
+            .as_ref()
+            .map_err(|reason| BinaryError::Malformed {
+                path: self.path.clone(),
+                reason: reason.clone(),
+            })
+    }
+
+    /// Link-time address of the lowest loadable segment with file offset 0
+    /// (what a process's load bias is measured from).
+    pub fn link_base(&self) -> u64 {
+        self.image
+            .segments
+            .iter()
+            .filter(|s| s.offset == 0)
+            .map(|s| s.vaddr)
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// The loadable (`PT_LOAD`) segments.
+    pub fn load_segments(&self) -> &[Segment] {
+        &self.image.segments
+    }
+
+    /// The runtime struct offsets of this binary, each from the best source
+    /// that has it: DWARF, the type descriptors, the per-version table.
     pub fn struct_offsets(&self) -> Result<StructOffsets, BinaryError> {
-        StructOffsets::from_version_table(self.version).ok_or_else(|| BinaryError::Malformed {
-            path: self.path.clone(),
-            reason: format!(
-                "{} is outside gostw's offset table and the binary has no DWARF or type descriptors gostw can read",
-                self.version
+        self.offsets
+            .get_or_init(|| {
+                let merged = [
+                    OffsetSource::Dwarf,
+                    OffsetSource::TypeDescriptors,
+                    OffsetSource::VersionTable,
+                ]
+                .into_iter()
+                .filter_map(|s| self.offsets_from(s))
+                .fold(StructOffsets::default(), |acc, o| acc.or(&o));
+                let missing = merged.missing_struct_fields();
+                if missing.is_empty() {
+                    Ok(merged)
+                } else {
+                    Err(format!(
+                        "{} is outside gostw's offset table and neither DWARF nor the runtime type descriptors give {}",
+                        self.version,
+                        missing.join(", ")
+                    ))
+                }
+            })
+            .clone()
+            .map_err(|reason| BinaryError::Malformed {
+                path: self.path.clone(),
+                reason,
+            })
+    }
+
+    /// The offsets one source gives on its own (`None` if it gives none).
+    pub fn offsets_from(&self, source: OffsetSource) -> Option<StructOffsets> {
+        let offsets = match source {
+            OffsetSource::Dwarf => StructOffsets::from_layouts(
+                &dwarf::struct_layouts(&self.image)?,
+                OffsetSource::Dwarf,
             ),
-        })
+            OffsetSource::TypeDescriptors => StructOffsets::from_layouts(
+                &typedesc::struct_layouts(&self.image)?,
+                OffsetSource::TypeDescriptors,
+            ),
+            OffsetSource::VersionTable => StructOffsets::from_version_table(self.version)?,
+        };
+        (!offsets.fields.is_empty()).then_some(offsets)
     }
 
     /// Convert a link-time virtual address to a file offset.
     pub fn file_offset(&self, vaddr: u64) -> Option<u64> {
-        self.exec_segments
-            .iter()
-            .find(|(start, size, _)| vaddr >= *start && vaddr < start + size)
-            .map(|(start, _, off)| vaddr - start + off)
+        self.image.exec_file_offset(vaddr)
     }
 
-    /// Locate function `name`, with the file offsets of its RETs.
+    /// Locate function `name`, with the file offsets of its RETs: from the
+    /// symbol table if there is one, else from pclntab, where the largest
+    /// of same-named entries is the function (the others are ABI0 wrappers).
     pub fn function(&self, name: &str) -> Result<GoFunction, BinaryError> {
         let missing = || BinaryError::MissingFunction {
             path: self.path.clone(),
             name: name.to_owned(),
         };
-        let &(address, size) = self.symbols.get(name).ok_or_else(missing)?;
-        let file_offset = self
-            .file_offset(address)
-            .ok_or_else(|| BinaryError::Malformed {
-                path: self.path.clone(),
-                reason: format!("{name} at {address:#x} is outside every executable segment"),
-            })?;
+        let from_symtab = self
+            .image
+            .functions
+            .get(name)
+            // Assembly functions are ABI0 only; the symtab says so in the name.
+            .or_else(|| self.image.functions.get(&format!("{name}.abi0")))
+            .map(|&(address, size)| (address, size, FunctionSource::Symtab));
+        let (address, size, source) = match from_symtab {
+            Some(found) => found,
+            None => {
+                let pclntab = self.pclntab()?;
+                let (entry, end) = pclntab
+                    .lookup(name)
+                    .into_iter()
+                    .max_by_key(|&(entry, end)| end.saturating_sub(entry))
+                    .ok_or_else(missing)?;
+                (entry, end.saturating_sub(entry), FunctionSource::Pclntab)
+            }
+        };
+        let malformed = |reason: String| BinaryError::Malformed {
+            path: self.path.clone(),
+            reason,
+        };
+        let file_offset = self.file_offset(address).ok_or_else(|| {
+            malformed(format!(
+                "{name} at {address:#x} is outside every executable segment"
+            ))
+        })?;
         let code = usize::try_from(file_offset)
             .ok()
             .and_then(|start| {
-                self.data
+                self.image
+                    .data
                     .get(start..start.checked_add(usize::try_from(size).ok()?)?)
             })
-            .ok_or_else(|| BinaryError::Malformed {
-                path: self.path.clone(),
-                reason: format!("{name} extends past the end of the file"),
-            })?;
+            .ok_or_else(|| malformed(format!("{name} extends past the end of the file")))?;
         let ret_file_offsets = rets::ret_offsets(self.arch, address, code)
             .into_iter()
             .map(|off| file_offset + off)
@@ -188,6 +340,12 @@ impl GoBinary {
             size,
             file_offset,
             ret_file_offsets,
+            source,
         })
+    }
+
+    /// A `.symtab` symbol's address, if the binary has one by that name.
+    pub fn symbol(&self, name: &str) -> Option<u64> {
+        self.image.symbols.get(name).map(|&(addr, _)| addr)
     }
 }

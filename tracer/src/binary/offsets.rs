@@ -23,8 +23,15 @@ pub struct Offset {
     pub source: OffsetSource,
 }
 
+/// Member offsets by struct (`runtime.g`) and member (`sched`), as DWARF
+/// or the type descriptors give them.
+pub(crate) type StructLayouts =
+    std::collections::BTreeMap<&'static str, std::collections::BTreeMap<String, u64>>;
+
 /// The offsets gostw needs, by field name (`g.stack.lo`, `m.curg`, ...).
+/// Serialized as `{name: {value, source}}`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(transparent)]
 pub struct StructOffsets {
     pub fields: std::collections::BTreeMap<&'static str, Offset>,
 }
@@ -45,6 +52,10 @@ pub const FIELDS: &[&str] = &[
     "m.preemptoff",
     "startTheWorldWithSema.ret.rsp_minus.startedStopping",
 ];
+
+/// The fields that are runtime struct members (all but the stack slot),
+/// which DWARF and the type descriptors can give.
+pub const STRUCT_FIELDS: &[&str] = FIELDS.split_at(12).0;
 
 impl StructOffsets {
     /// The per-version table; `None` for a version outside it.
@@ -87,6 +98,71 @@ impl StructOffsets {
             put("startTheWorldWithSema.ret.rsp_minus.startedStopping", 48);
         }
         Some(StructOffsets { fields })
+    }
+
+    /// Offsets computed from struct layouts (nested fields add up).
+    pub(crate) fn from_layouts(layouts: &StructLayouts, source: OffsetSource) -> StructOffsets {
+        let get = |s: &str, f: &str| layouts.get(s)?.get(f).copied();
+        let sum = |a: Option<u64>, b: Option<u64>| a?.checked_add(b?);
+        let values = [
+            (
+                "g.stack.lo",
+                sum(get("runtime.g", "stack"), get("runtime.stack", "lo")),
+            ),
+            (
+                "g.stack.hi",
+                sum(get("runtime.g", "stack"), get("runtime.stack", "hi")),
+            ),
+            ("g.stackguard0", get("runtime.g", "stackguard0")),
+            ("g.m", get("runtime.g", "m")),
+            (
+                "g.sched.sp",
+                sum(get("runtime.g", "sched"), get("runtime.gobuf", "sp")),
+            ),
+            (
+                "g.sched.pc",
+                sum(get("runtime.g", "sched"), get("runtime.gobuf", "pc")),
+            ),
+            (
+                "g.sched.bp",
+                sum(get("runtime.g", "sched"), get("runtime.gobuf", "bp")),
+            ),
+            ("g.goid", get("runtime.g", "goid")),
+            (
+                "m.morebuf.pc",
+                sum(get("runtime.m", "morebuf"), get("runtime.gobuf", "pc")),
+            ),
+            ("m.procid", get("runtime.m", "procid")),
+            ("m.curg", get("runtime.m", "curg")),
+            ("m.preemptoff", get("runtime.m", "preemptoff")),
+        ];
+        let fields = values
+            .into_iter()
+            .filter_map(|(name, v)| {
+                let value = u16::try_from(v?)
+                    .ok()
+                    .filter(|&v| v != GoOffsets::UNKNOWN)?;
+                Some((name, Offset { value, source }))
+            })
+            .collect();
+        StructOffsets { fields }
+    }
+
+    /// These offsets, with the fields they lack taken from `other`.
+    pub fn or(mut self, other: &StructOffsets) -> StructOffsets {
+        for (name, offset) in &other.fields {
+            self.fields.entry(name).or_insert(*offset);
+        }
+        self
+    }
+
+    /// Struct fields (`STRUCT_FIELDS`) with no value.
+    pub fn missing_struct_fields(&self) -> Vec<&'static str> {
+        STRUCT_FIELDS
+            .iter()
+            .copied()
+            .filter(|f| !self.fields.contains_key(f))
+            .collect()
     }
 
     /// The offset of `name`, if known.

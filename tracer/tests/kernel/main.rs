@@ -4,6 +4,7 @@
 
 mod support;
 
+mod binary_analysis;
 mod pauses;
 mod stw_probe;
 mod vm_env;

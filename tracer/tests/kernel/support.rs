@@ -98,6 +98,18 @@ fn workspace_root() -> PathBuf {
 /// output so variants do not overwrite each other. With pre-built workloads
 /// (the VM), returns the one the host built instead.
 pub fn build_workload(name: &str, go: &GoToolchain, variant: &str, build_args: &[&str]) -> PathBuf {
+    build_workload_env(name, go, variant, build_args, &[])
+}
+
+/// `build_workload` with extra environment for `go build` (e.g.
+/// `CGO_ENABLED=1`, `GOARCH=arm64`).
+pub fn build_workload_env(
+    name: &str,
+    go: &GoToolchain,
+    variant: &str,
+    build_args: &[&str],
+    env: &[(&str, &str)],
+) -> PathBuf {
     if let Some(dir) = prebuilt_workloads() {
         let path = dir.join(&go.version).join(format!("{name}{variant}"));
         assert!(
@@ -123,6 +135,7 @@ pub fn build_workload(name: &str, go: &GoToolchain, variant: &str, build_args: &
         .env("GOTOOLCHAIN", "local")
         .env("GOFLAGS", "-buildvcs=false")
         .env("GOPROXY", "off")
+        .envs(env.iter().copied())
         .status()
         .unwrap_or_else(|e| panic!("running {}: {e}", go.go.display()));
     assert!(

@@ -1,0 +1,3 @@
+module gostw.test/inspect
+
+go 1.19

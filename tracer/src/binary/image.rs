@@ -1,0 +1,337 @@
+//! The ELF file as the rest of the analysis reads it: its bytes, its sections
+//! and loadable segments, and reads at link-time virtual addresses.
+//!
+//! Every read is bounds-checked and returns `None` past the data: the input
+//! may be truncated, corrupted, or not what it claims to be.
+
+use std::collections::HashMap;
+
+use object::{
+    Object as _, ObjectSymbol as _, elf,
+    read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _},
+};
+
+use super::Arch;
+
+/// One section header.
+#[derive(Clone, Debug)]
+pub(crate) struct Section {
+    pub name: String,
+    pub addr: u64,
+    pub size: u64,
+    pub offset: u64,
+    pub kind: u32,
+    pub flags: u64,
+}
+
+impl Section {
+    /// Does the section take space in the file (not `.bss`)?
+    fn has_file_data(&self) -> bool {
+        self.kind != elf::SHT_NOBITS
+    }
+}
+
+/// One `PT_LOAD` program header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub vaddr: u64,
+    pub memsz: u64,
+    pub offset: u64,
+    pub filesz: u64,
+    pub flags: u32,
+}
+
+/// A parsed 64-bit little-endian ELF file.
+pub(crate) struct Image {
+    pub data: Vec<u8>,
+    pub arch: Arch,
+    pub pie: bool,
+    pub sections: Vec<Section>,
+    pub segments: Vec<Segment>,
+    /// `.symtab` entries: name -> (address, size). Empty when stripped.
+    pub symbols: HashMap<String, (u64, u64)>,
+    /// `.symtab` function symbols only (what probes may target).
+    pub functions: HashMap<String, (u64, u64)>,
+    /// Target of each `R_*_RELATIVE` relocation, by the address it patches.
+    /// A PIE's pointers may be stored only there (the file holds 0).
+    relative: HashMap<u64, u64>,
+    pub gnu_build_id: Option<String>,
+}
+
+const SHF_COMPRESSED: u64 = 0x800;
+
+impl Image {
+    /// Parse `data`; the error says why it is not an ELF file gostw can read.
+    pub fn parse(data: Vec<u8>) -> Result<Image, String> {
+        let file = object::read::elf::ElfFile64::<object::Endianness>::parse(&*data)
+            .map_err(|e| e.to_string())?;
+        let endian = file.endian();
+        if !file.is_little_endian() {
+            return Err("big-endian ELF".into());
+        }
+        let arch = match file.architecture() {
+            object::Architecture::X86_64 => Arch::Amd64,
+            object::Architecture::Aarch64 => Arch::Arm64,
+            other => return Err(format!("unsupported architecture {other:?}")),
+        };
+        let header = file.elf_header();
+        let pie = header.e_type(endian) == elf::ET_DYN;
+        // A cut-off file may still parse (object reads lazily): check that
+        // the section headers and every segment's bytes are present.
+        let shoff = header.e_shoff(endian);
+        let sh_end = u64::from(header.e_shnum(endian))
+            .checked_mul(u64::from(header.e_shentsize(endian)))
+            .and_then(|n| n.checked_add(shoff));
+        if shoff != 0 && sh_end.is_none_or(|end| end > data.len() as u64) {
+            return Err(format!(
+                "section headers end past the end of the file ({} bytes)",
+                data.len()
+            ));
+        }
+        let segments: Vec<Segment> = file
+            .elf_program_headers()
+            .iter()
+            .filter(|ph| ph.p_type(endian) == elf::PT_LOAD)
+            .map(|ph| Segment {
+                vaddr: ph.p_vaddr(endian),
+                memsz: ph.p_memsz(endian),
+                offset: ph.p_offset(endian),
+                filesz: ph.p_filesz(endian),
+                flags: ph.p_flags(endian),
+            })
+            .collect();
+        if let Some(seg) = segments.iter().find(|s: &&Segment| {
+            s.offset
+                .checked_add(s.filesz)
+                .is_none_or(|end| end > data.len() as u64)
+        }) {
+            return Err(format!(
+                "the segment at {:#x} ends past the end of the file ({} bytes)",
+                seg.vaddr,
+                data.len()
+            ));
+        }
+        let table = file.elf_section_table();
+        let mut sections = Vec::new();
+        for sh in table.iter() {
+            let name = table
+                .section_name(endian, sh)
+                .map(|n| String::from_utf8_lossy(n).into_owned())
+                .unwrap_or_default();
+            sections.push(Section {
+                name,
+                addr: sh.sh_addr(endian),
+                size: sh.sh_size(endian),
+                offset: sh.sh_offset(endian),
+                kind: sh.sh_type(endian),
+                flags: sh.sh_flags(endian),
+            });
+        }
+        if let Some((i, _)) = table.iter().enumerate().find(|(_, sh)| {
+            sh.sh_type(endian) != elf::SHT_NOBITS
+                && sh
+                    .sh_offset(endian)
+                    .checked_add(sh.sh_size(endian))
+                    .is_none_or(|end| end > data.len() as u64)
+        }) {
+            return Err(format!(
+                "section {i} ends past the end of the file ({} bytes)",
+                data.len()
+            ));
+        }
+        let mut symbols = HashMap::new();
+        let mut functions = HashMap::new();
+        for sym in file.symbols() {
+            let Ok(name) = sym.name() else { continue };
+            if name.is_empty() {
+                continue;
+            }
+            symbols.insert(name.to_owned(), (sym.address(), sym.size()));
+            if sym.kind() == object::SymbolKind::Text {
+                functions.insert(name.to_owned(), (sym.address(), sym.size()));
+            }
+        }
+        let gnu_build_id = file.build_id().ok().flatten().map(hex);
+        let mut image = Image {
+            arch,
+            pie,
+            sections,
+            segments,
+            symbols,
+            functions,
+            relative: HashMap::new(),
+            gnu_build_id,
+            data,
+        };
+        image.relative = image.relative_relocations();
+        Ok(image)
+    }
+
+    /// The `R_*_RELATIVE` entries of every RELA section.
+    fn relative_relocations(&self) -> HashMap<u64, u64> {
+        let relative_type = match self.arch {
+            Arch::Amd64 => elf::R_X86_64_RELATIVE,
+            Arch::Arm64 => elf::R_AARCH64_RELATIVE,
+        };
+        let mut out = HashMap::new();
+        for s in self.sections.iter().filter(|s| s.kind == elf::SHT_RELA) {
+            let Some(bytes) = self.section_data(s) else {
+                continue;
+            };
+            for rela in bytes.chunks_exact(24) {
+                let r_offset = le_u64(&rela[0..8]);
+                let r_info = le_u64(&rela[8..16]);
+                let r_addend = le_u64(&rela[16..24]);
+                if (r_info & 0xffff_ffff) as u32 == relative_type {
+                    out.insert(r_offset, r_addend);
+                }
+            }
+        }
+        out
+    }
+
+    /// The first section called `name`.
+    pub fn section(&self, name: &str) -> Option<&Section> {
+        self.sections.iter().find(|s| s.name == name)
+    }
+
+    /// The bytes of a section as stored in the file (possibly compressed).
+    pub fn section_data(&self, s: &Section) -> Option<&[u8]> {
+        if !s.has_file_data() {
+            return None;
+        }
+        let start = usize::try_from(s.offset).ok()?;
+        let len = usize::try_from(s.size).ok()?;
+        self.data.get(start..start.checked_add(len)?)
+    }
+
+    /// The contents of a debug section, decompressed: `SHF_COMPRESSED`
+    /// (Go 1.12+ writes zlib there) or the older `.zdebug_*` form.
+    pub fn debug_section(&self, name: &str) -> Option<Vec<u8>> {
+        if let Some(s) = self.section(name) {
+            let raw = self.section_data(s)?;
+            if s.flags & SHF_COMPRESSED == 0 {
+                return Some(raw.to_vec());
+            }
+            // Elf64_Chdr: ch_type u32, reserved u32, ch_size u64, ch_addralign u64.
+            let ch_type = le_u32(raw.get(0..4)?);
+            let ch_size = le_u64(raw.get(8..16)?);
+            if ch_type != elf::ELFCOMPRESS_ZLIB {
+                return None;
+            }
+            return inflate(raw.get(24..)?, ch_size);
+        }
+        let zname = format!(".zdebug_{}", name.strip_prefix(".debug_")?);
+        let raw = self.section_data(self.section(&zname)?)?;
+        // "ZLIB" then the uncompressed size, big-endian.
+        if raw.get(0..4)? != b"ZLIB" {
+            return Some(raw.to_vec());
+        }
+        let size = u64::from_be_bytes(raw.get(4..12)?.try_into().ok()?);
+        inflate(raw.get(12..)?, size)
+    }
+
+    /// `len` bytes at link-time address `vaddr`, from the file's loadable
+    /// segments (or, failing that, from an allocated section).
+    pub fn bytes_at(&self, vaddr: u64, len: usize) -> Option<&[u8]> {
+        let len64 = len as u64;
+        let from_segments = self.segments.iter().find_map(|seg| {
+            let rel = vaddr.checked_sub(seg.vaddr)?;
+            if rel.checked_add(len64)? > seg.filesz {
+                return None;
+            }
+            let start = usize::try_from(seg.offset.checked_add(rel)?).ok()?;
+            self.data.get(start..start.checked_add(len)?)
+        });
+        from_segments.or_else(|| {
+            self.sections.iter().find_map(|s| {
+                if s.addr == 0 || !s.has_file_data() {
+                    return None;
+                }
+                let rel = vaddr.checked_sub(s.addr)?;
+                if rel.checked_add(len64)? > s.size {
+                    return None;
+                }
+                let start = usize::try_from(s.offset.checked_add(rel)?).ok()?;
+                self.data.get(start..start.checked_add(len)?)
+            })
+        })
+    }
+
+    pub fn u64_at(&self, vaddr: u64) -> Option<u64> {
+        self.bytes_at(vaddr, 8).map(le_u64)
+    }
+
+    /// A pointer stored at `vaddr`, as the loader would leave it before
+    /// adding the load bias: the relocation's addend where there is one.
+    pub fn ptr_at(&self, vaddr: u64) -> Option<u64> {
+        match self.relative.get(&vaddr) {
+            Some(&target) => Some(target),
+            None => self.u64_at(vaddr),
+        }
+    }
+
+    /// Addresses patched by a RELATIVE relocation that points at `target`.
+    pub fn relocations_to(&self, target: u64) -> impl Iterator<Item = u64> + '_ {
+        self.relative
+            .iter()
+            .filter(move |&(_, &t)| t == target)
+            .map(|(&at, _)| at)
+    }
+
+    /// The file offset of `vaddr` inside an executable segment (what a
+    /// uprobe takes).
+    pub fn exec_file_offset(&self, vaddr: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .filter(|s| s.flags & elf::PF_X != 0)
+            .find(|s| vaddr >= s.vaddr && vaddr - s.vaddr < s.memsz)
+            .map(|s| vaddr - s.vaddr + s.offset)
+    }
+
+    /// Go's own build id, from the `Go` note (`.note.go.buildid`).
+    pub fn go_build_id(&self) -> Option<String> {
+        let s = self
+            .sections
+            .iter()
+            .find(|s| s.name == ".note.go.buildid")?;
+        let note = self.section_data(s)?;
+        let namesz = le_u32(note.get(0..4)?) as usize;
+        let descsz = le_u32(note.get(4..8)?) as usize;
+        let kind = le_u32(note.get(8..12)?);
+        let name = note.get(12..12usize.checked_add(namesz)?)?;
+        const GO_BUILDID_NOTE: u32 = 4;
+        if kind != GO_BUILDID_NOTE || !name.starts_with(b"Go\0") {
+            return None;
+        }
+        let desc_start = 12 + namesz.next_multiple_of(4);
+        let desc = note.get(desc_start..desc_start.checked_add(descsz)?)?;
+        Some(String::from_utf8_lossy(desc).into_owned())
+    }
+}
+
+/// Inflate a zlib stream, refusing to grow past the size it declares.
+fn inflate(compressed: &[u8], declared: u64) -> Option<Vec<u8>> {
+    // Go's debug sections are a few hundred MiB at most; a larger claim is corruption.
+    const LIMIT: u64 = 1 << 30;
+    let limit = usize::try_from(declared.min(LIMIT)).ok()?;
+    miniz_oxide::inflate::decompress_to_vec_zlib_with_limit(compressed, limit).ok()
+}
+
+/// The little-endian u32 at the start of `b` (0 if `b` is shorter).
+pub(crate) fn le_u32(b: &[u8]) -> u32 {
+    b.get(..4)
+        .and_then(|w| w.try_into().ok())
+        .map_or(0, u32::from_le_bytes)
+}
+
+/// The little-endian u64 at the start of `b` (0 if `b` is shorter).
+pub(crate) fn le_u64(b: &[u8]) -> u64 {
+    b.get(..8)
+        .and_then(|w| w.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
