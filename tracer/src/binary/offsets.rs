@@ -51,6 +51,8 @@ pub const FIELDS: &[&str] = &[
     "m.curg",
     "m.preemptoff",
     "startTheWorldWithSema.ret.rsp_minus.startedStopping",
+    "g.atomicstatus",
+    "m.g0",
 ];
 
 /// The fields that are runtime struct members (all but the stack slot),
@@ -88,6 +90,10 @@ impl StructOffsets {
         put("g.sched.pc", 64);
         put("g.sched.bp", sched_bp);
         put("g.goid", goid);
+        // atomicstatus and stackLock (4 bytes each) sit right before goid in
+        // every version of the table.
+        put("g.atomicstatus", goid - 8);
+        put("m.g0", 0);
         put("m.morebuf.pc", 16);
         put("m.procid", procid);
         put("m.curg", curg);
@@ -187,7 +193,9 @@ impl StructOffsets {
             m_curg: g("m.curg"),
             m_preemptoff: g("m.preemptoff"),
             start_rsp_started_stopping: g("startTheWorldWithSema.ret.rsp_minus.startedStopping"),
-            _pad: [0; 3],
+            g_atomicstatus: g("g.atomicstatus"),
+            m_g0: g("m.g0"),
+            _pad: [0; 1],
         }
     }
 }
@@ -211,6 +219,7 @@ mod tests {
         assert_eq!(t.get("g.sched.bp"), Some(96));
         let t = StructOffsets::from_version_table(v(23)).unwrap();
         assert_eq!(t.get("g.goid"), Some(160));
+        assert_eq!(t.get("g.atomicstatus"), Some(152));
         assert_eq!(
             StructOffsets::from_version_table(v(19))
                 .unwrap()
