@@ -15,8 +15,8 @@ use tracer_common::stack::{
 use super::{
     Mode,
     recommend::{
-        NEGLIGIBLE_COPIED_BYTES_PER_SEC, NEGLIGIBLE_CPU_SHARE, NEGLIGIBLE_GROWTHS_PER_SEC,
-        Recommendation, grown_size, human_bytes, recommend,
+        GO_STACK_GUARD, NEGLIGIBLE_COPIED_BYTES_PER_SEC, NEGLIGIBLE_CPU_SHARE,
+        NEGLIGIBLE_GROWTHS_PER_SEC, Recommendation, grown_size, human_bytes, recommend,
     },
     symbolize::{CodeLocation, Symbolizer},
 };
@@ -26,6 +26,8 @@ use crate::events::{self, DecodeError};
 const MAX_SAMPLES: usize = 4096;
 /// Call sites listed in a summary.
 const TOP_SITES: usize = 10;
+/// Old-size key of samples taken after the switch to the new stack.
+pub const UNKNOWN_SIZE: u64 = 0;
 
 /// Everything observed about one process's stack growth.
 #[derive(Clone, Debug)]
@@ -64,7 +66,10 @@ impl StackGrowthAggregator {
     /// (its counts are cumulative), keeping this mode's rows.
     pub fn set_sites(&mut self, rows: impl IntoIterator<Item = (StackSiteKey, StackSiteCounts)>) {
         let source = self.mode.source() as u8;
-        self.sites = rows.into_iter().filter(|(k, _)| k.source == source).collect();
+        self.sites = rows
+            .into_iter()
+            .filter(|(k, _)| k.source == source)
+            .collect();
     }
 
     /// Add one sampled event.
@@ -143,7 +148,7 @@ impl StackGrowthAggregator {
             if k.change != growth {
                 continue;
             }
-            let old = u64::from(k.old_size);
+            let mut old = u64::from(k.old_size);
             let new = if k.new_size != 0 {
                 u64::from(k.new_size)
             } else {
@@ -154,7 +159,18 @@ impl StackGrowthAggregator {
                         v[v.len() / 2]
                     })
                     .unwrap_or(0);
-                grown_size(old, u, symbols.max_frame(k.site_pc))
+                let frame = symbols.max_frame(k.site_pc);
+                match frame {
+                    // The frame already fits: morestack would not have been
+                    // called with this stack, so the sample came after
+                    // copystack switched the goroutine to its new stack.
+                    Some(f) if old.saturating_sub(u) >= f + GO_STACK_GUARD => {
+                        let grown = old;
+                        old = UNKNOWN_SIZE;
+                        grown
+                    }
+                    _ => grown_size(old, u, frame),
+                }
             };
             growths += c.count;
             copied += c.copied_bytes;
@@ -182,13 +198,19 @@ impl StackGrowthAggregator {
             *s.new_sizes.entry(new).or_insert(0) += c.count;
         }
         let mut top: Vec<SiteSummary> = sites.into_values().collect();
-        top.sort_by(|a, b| b.count.cmp(&a.count).then(a.site.function.cmp(&b.site.function)));
+        top.sort_by(|a, b| {
+            b.count
+                .cmp(&a.count)
+                .then(a.site.function.cmp(&b.site.function))
+        });
         top.truncate(TOP_SITES);
         for s in &mut top {
             s.share = s.count as f64 / growths.max(1) as f64;
-            if let Some(ev) = self.samples.iter().find(|e| {
-                symbols.symbolize_return_address(e.frames[0]).function == s.site.function
-            }) {
+            if let Some(ev) = self
+                .samples
+                .iter()
+                .find(|e| symbols.symbolize_return_address(e.frames[0]).function == s.site.function)
+            {
                 s.example_stack = ev.frames[..(ev.nframes as usize).min(ev.frames.len())]
                     .iter()
                     .filter(|&&pc| pc != 0)
@@ -216,7 +238,11 @@ impl StackGrowthAggregator {
         };
         let seen = self.goids.len() as u64;
         let goroutines = goroutines.or((seen > 0).then_some((seen, "goroutines seen growing")));
-        let current_start = old_sizes.keys().next().copied().unwrap_or(0);
+        let current_start = old_sizes
+            .keys()
+            .copied()
+            .find(|&s| s != UNKNOWN_SIZE)
+            .unwrap_or(0);
         let grown_to: Vec<(u64, u64)> = new_sizes.iter().map(|(&s, &n)| (s, n)).collect();
         let recommendation = recommend(&grown_to, current_start, goroutines, negligible);
         StackGrowthSummary {
@@ -261,7 +287,8 @@ pub struct SiteSummary {
     /// Share of all growths (exact) or growth samples (sampled).
     pub share: f64,
     pub copied_bytes: u64,
-    /// Size before -> count.
+    /// Size before -> count (sampled: 0 for samples taken after the
+    /// switch to the new stack).
     pub old_sizes: BTreeMap<u64, u64>,
     /// Size after -> count (sampled: estimated from the frame size).
     pub new_sizes: BTreeMap<u64, u64>,
@@ -358,7 +385,7 @@ impl StackGrowthSummary {
         for s in &self.top_sites {
             let sizes = |m: &BTreeMap<u64, u64>| {
                 m.iter()
-                    .map(|(sz, n)| format!("{}x{n}", human_bytes(*sz)))
+                    .map(|(sz, n)| format!("{}x{n}", size_name(*sz)))
                     .collect::<Vec<_>>()
                     .join(" ")
             };
@@ -373,7 +400,8 @@ impl StackGrowthSummary {
                 sizes(&s.new_sizes)
             );
             if !s.example_stack.is_empty() {
-                let stack: Vec<String> = s.example_stack.iter().map(|f| f.function.clone()).collect();
+                let stack: Vec<String> =
+                    s.example_stack.iter().map(|f| f.function.clone()).collect();
                 let _ = writeln!(o, "           stack: {}", stack.join(" <- "));
             }
         }
@@ -381,12 +409,22 @@ impl StackGrowthSummary {
             let dist: Vec<String> = self
                 .old_sizes
                 .iter()
-                .map(|(sz, n)| format!("{}: {n}", human_bytes(*sz)))
+                .map(|(sz, n)| format!("{}: {n}", size_name(*sz)))
                 .collect();
             let _ = writeln!(o, "  size before growth: {}", dist.join(", "));
         }
         let _ = writeln!(o, "  recommendation: {}", self.recommendation.advice);
         o
+    }
+}
+
+/// A stack size for people; `UNKNOWN_SIZE` is a sample taken after the
+/// switch to the new stack, whose old size it cannot see.
+fn size_name(size: u64) -> String {
+    if size == UNKNOWN_SIZE {
+        "?".into()
+    } else {
+        human_bytes(size)
     }
 }
 
@@ -431,7 +469,13 @@ mod tests {
         }
     }
 
-    fn key(source: StackSource, change: StackChange, old: u32, new: u32, site: u64) -> StackSiteKey {
+    fn key(
+        source: StackSource,
+        change: StackChange,
+        old: u32,
+        new: u32,
+        site: u64,
+    ) -> StackSiteKey {
         StackSiteKey {
             tgid: 7,
             source: source as u8,
@@ -478,11 +522,23 @@ mod tests {
     fn exact_mode_ranks_sites_scales_rates_and_recommends_32k() {
         let mut a = StackGrowthAggregator::new(Mode::Exact);
         a.set_sites([
-            (key(StackSource::Exact, StackChange::Grow, 2048, 32768, 0x1010), counts(9900, 9900 * 200)),
-            (key(StackSource::Exact, StackChange::Grow, 2048, 4096, 0x3010), counts(50, 50 * 1800)),
-            (key(StackSource::Exact, StackChange::Shrink, 32768, 16384, 0), counts(7, 0)),
+            (
+                key(StackSource::Exact, StackChange::Grow, 2048, 32768, 0x1010),
+                counts(9900, 9900 * 200),
+            ),
+            (
+                key(StackSource::Exact, StackChange::Grow, 2048, 4096, 0x3010),
+                counts(50, 50 * 1800),
+            ),
+            (
+                key(StackSource::Exact, StackChange::Shrink, 32768, 16384, 0),
+                counts(7, 0),
+            ),
             // Another mode's rows are ignored.
-            (key(StackSource::Sampled, StackChange::Copying, 2048, 0, 0x3010), counts(1000, 0)),
+            (
+                key(StackSource::Sampled, StackChange::Copying, 2048, 0, 0x3010),
+                counts(1000, 0),
+            ),
         ]);
         // Attached a tenth of the time: rates are per attached second.
         a.set_observed(Duration::from_secs(10), Duration::from_secs(1));
@@ -506,21 +562,34 @@ mod tests {
     #[test]
     fn sampled_mode_estimates_the_grown_size_from_the_frame() {
         let mut a = StackGrowthAggregator::new(Mode::Sampled);
-        a.set_sites([(
-            key(StackSource::Sampled, StackChange::Copying, 2048, 0, 0x1010),
-            counts(40, 0),
-        )]);
         for g in 0..40 {
             a.add_event(&event(0x1010, 2048, 150, 100 + g));
+        }
+        // Caught after the switch: the 32 KB stack already fits the frame.
+        a.set_sites([
+            (
+                key(StackSource::Sampled, StackChange::Copying, 2048, 0, 0x1010),
+                counts(30, 0),
+            ),
+            (
+                key(StackSource::Sampled, StackChange::Copying, 32768, 0, 0x1010),
+                counts(10, 0),
+            ),
+        ]);
+        for g in 0..10 {
+            a.add_event(&event(0x1010, 32768, 150, 200 + g));
         }
         a.set_cpu_samples(400, 40, 99);
         a.set_observed(Duration::from_secs(2), Duration::from_secs(2));
         let s = a.summary(&Fake, None);
         assert_eq!(s.cpu_share, Some(0.1));
         assert_eq!(s.new_sizes.get(&32768), Some(&40));
+        assert_eq!(s.old_sizes.get(&2048), Some(&30));
+        assert_eq!(s.old_sizes.get(&UNKNOWN_SIZE), Some(&10));
         assert_eq!(s.recommendation.starting_stack_bytes, Some(32768));
-        assert_eq!(s.goroutines_seen, 40);
-        assert_eq!(s.recommendation.goroutines, Some(40));
+        assert_eq!(s.recommendation.current_starting_stack_bytes, 2048);
+        assert_eq!(s.goroutines_seen, 50);
+        assert_eq!(s.recommendation.goroutines, Some(50));
         let names: Vec<_> = s.top_sites[0]
             .example_stack
             .iter()

@@ -61,9 +61,6 @@ mod tests {
         ];
         assert_eq!(prologue_max_sp_delta(&code, 0), Some(0x18 + 8));
         // mov eax,1; ret
-        assert_eq!(
-            prologue_max_sp_delta(&[0xb8, 1, 0, 0, 0, 0xc3], 0),
-            None
-        );
+        assert_eq!(prologue_max_sp_delta(&[0xb8, 1, 0, 0, 0, 0xc3], 0), None);
     }
 }

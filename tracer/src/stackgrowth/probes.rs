@@ -7,7 +7,9 @@ use aya::{
     maps::{Array, PerCpuHashMap},
     programs::{
         PerfEvent, UProbe,
-        perf_event::{PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent},
+        perf_event::{
+            PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
+        },
         uprobe::{UProbeLinkId, UProbeScope},
     },
 };
@@ -156,7 +158,8 @@ impl StackGrowthProbes {
             .context("program stack_copy missing from the eBPF object")?
             .try_into()?;
         if prog.fd().is_err() {
-            prog.load().context("the kernel rejected program stack_copy")?;
+            prog.load()
+                .context("the kernel rejected program stack_copy")?;
         }
         Ok(prog)
     }
@@ -196,8 +199,8 @@ impl StackGrowthProbes {
             prog.load()
                 .context("the kernel rejected program stack_sample")?;
         }
-        let cpus = aya::util::online_cpus()
-            .map_err(|(what, e)| anyhow::anyhow!("reading {what}: {e}"))?;
+        let cpus =
+            aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("reading {what}: {e}"))?;
         for cpu in cpus {
             let link = prog
                 .attach(

@@ -94,14 +94,22 @@ pub fn recommend(
         covered += n;
         pick = pick.max(size);
     }
-    let avoided: u64 = sizes.iter().filter(|(s, _)| *s <= pick).map(|(_, n)| n).sum();
+    let avoided: u64 = sizes
+        .iter()
+        .filter(|(s, _)| *s <= pick)
+        .map(|(_, n)| n)
+        .sum();
     rec.starting_stack_bytes = Some(pick);
     rec.avoided_fraction = avoided as f64 / total as f64;
     if let Some((n, _)) = goroutines {
         rec.memory_bytes = Some(pick.saturating_mul(n));
         rec.extra_memory_bytes = Some(pick.saturating_sub(current).saturating_mul(n));
     }
-    let cost = match (rec.memory_bytes, rec.extra_memory_bytes, &rec.goroutines_source) {
+    let cost = match (
+        rec.memory_bytes,
+        rec.extra_memory_bytes,
+        &rec.goroutines_source,
+    ) {
         (Some(m), Some(x), Some(src)) => format!(
             "; for {} goroutines ({src}) that is {} of stacks, {} more than now",
             rec.goroutines.unwrap_or(0),
@@ -162,7 +170,12 @@ mod tests {
 
     #[test]
     fn recommends_the_99th_percentile_power_of_two() {
-        let r = recommend(&[(32768, 990), (65536, 10)], 2048, Some((100, "test")), false);
+        let r = recommend(
+            &[(32768, 990), (65536, 10)],
+            2048,
+            Some((100, "test")),
+            false,
+        );
         assert_eq!(r.starting_stack_bytes, Some(32768));
         assert!((r.avoided_fraction - 0.99).abs() < 1e-9);
         assert_eq!(r.memory_bytes, Some(3_276_800));
