@@ -109,7 +109,7 @@ fn deep_function_is_the_top_site_and_32k_is_recommended() {
 }
 
 #[test]
-fn exact_counts_equal_the_workload_on_every_go_version() {
+fn counts_equal_the_workload_on_every_go_version() {
     require_root();
     for go in go_matrix() {
         let (s, report) = trace(&go, Mode::Exact, 0, &["-mode", "batch", "-tasks", "3000"]);
@@ -131,6 +131,14 @@ fn exact_counts_equal_the_workload_on_every_go_version() {
         assert_eq!(report.deep_calls, 3000);
         assert_eq!(at(&s, DEEP), report.deep_goroutines, "Go {}", go.version);
         assert_eq!(report.deep_goroutines, 4);
+        // The sampled mode reads g.atomicstatus, whose offset moves too.
+        let (s, _) = trace(
+            &go,
+            Mode::Sampled,
+            499,
+            &["-mode", "batch", "-duration", "1s"],
+        );
+        assert_eq!(s.top_sites[0].site.function, DEEP, "Go {}", go.version);
     }
 }
 
