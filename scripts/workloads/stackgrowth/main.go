@@ -41,7 +41,19 @@ var (
 	// of them grew its stack from 2 KB to 32 KB exactly once, there.
 	deepGoroutines atomic.Int64
 	sink           atomic.Int64
+	// peakGoroutines is the most goroutines seen alive at once.
+	peakGoroutines atomic.Int64
 )
+
+func notePeak() {
+	n := int64(runtime.NumGoroutine())
+	for {
+		p := peakGoroutines.Load()
+		if n <= p || peakGoroutines.CompareAndSwap(p, n) {
+			return
+		}
+	}
+}
 
 // deep19k needs about 19 KB of stack for its own frame.
 //
@@ -83,6 +95,7 @@ func runBatch(tasks, batch int) {
 				sink.Add(int64(task(seed)))
 			}()
 		}
+		notePeak()
 		wg.Wait()
 		done += n
 	}
@@ -106,6 +119,7 @@ func runPool(tasks, workers int) {
 			}
 		}()
 	}
+	notePeak()
 	for i := 0; i < tasks; i++ {
 		ch <- i
 	}
@@ -139,6 +153,7 @@ func runPreempt(spinners int, d time.Duration) {
 			sink.Add(int64(n))
 		}()
 	}
+	notePeak()
 	deadline := time.Now().Add(d)
 	var garbage [][]byte
 	for time.Now().Before(deadline) {
@@ -212,6 +227,7 @@ func main() {
 		"rounds":            rounds,
 		"deep_calls":        deepCalls.Load(),
 		"goroutines":        goroutines.Load(),
+		"peak_goroutines":   peakGoroutines.Load(),
 		"deep_goroutines":   deepGoroutines.Load(),
 		"deep_frame_bytes":  deepFrameBytes,
 		"elapsed_ns":        elapsed.Nanoseconds(),

@@ -17,6 +17,7 @@ use tracer::{
     session::Session,
     stackgrowth::{
         DutyCycle, ElfSymbols, Mode, StackGrowthAggregator, StackGrowthOptions, StackGrowthProbes,
+        goroutines,
     },
     units::parse_duration,
 };
@@ -57,8 +58,9 @@ pub struct StacksArgs {
     /// Exact mode: one sampled goroutine stack per this many growths per CPU.
     #[arg(long, default_value_t = 64)]
     event_every: u32,
-    /// Live goroutine count for the memory estimate (e.g. from the
-    /// program's /sched/goroutines:goroutines); default: goroutines seen.
+    /// Goroutine count for the memory estimate (e.g. from the program's
+    /// /sched/goroutines:goroutines); default: the process's peak
+    /// (runtime.allglen), else the goroutines seen growing.
     #[arg(long)]
     goroutines: Option<u64>,
     /// The program to start and trace, after `--`.
@@ -124,6 +126,7 @@ pub fn run(args: StacksArgs) -> anyhow::Result<i32> {
     let started = Instant::now();
     let mut bias_known = !binary.pie;
     let mut bad_events = 0u64;
+    let mut peak_goroutines = None;
     let mut code = 0;
     let mut drain = |ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
                      agg: &mut StackGrowthAggregator| {
@@ -138,6 +141,10 @@ pub fn run(args: StacksArgs) -> anyhow::Result<i32> {
         drain(&mut ring, &mut agg);
         if !bias_known {
             bias_known = symbols.set_bias_from_process(pid).is_ok();
+        }
+        if bias_known {
+            // Read while the process lives; a started one may exit any time.
+            peak_goroutines = goroutines::peak_goroutines(pid, &symbols).or(peak_goroutines);
         }
         let exited = match child.as_mut() {
             Some(c) => match c.try_wait()? {
@@ -164,7 +171,10 @@ pub fn run(args: StacksArgs) -> anyhow::Result<i32> {
     if bad_events > 0 {
         log::warn!("{bad_events} events could not be decoded");
     }
-    let goroutines = args.goroutines.map(|n| (n, "--goroutines"));
+    let goroutines = args
+        .goroutines
+        .map(|n| (n, "--goroutines"))
+        .or(peak_goroutines.map(|n| (n, goroutines::SOURCE)));
     let summary = agg.summary(&symbols, goroutines);
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);

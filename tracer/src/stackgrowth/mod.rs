@@ -11,6 +11,7 @@
 
 pub mod aggregate;
 pub mod frames;
+pub mod goroutines;
 pub mod probes;
 pub mod recommend;
 pub mod symbolize;

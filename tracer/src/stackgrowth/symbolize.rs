@@ -86,6 +86,8 @@ pub struct ElfSymbols {
     data: Vec<u8>,
     /// Executable PT_LOADs: (vaddr, filesz, file offset).
     exec_segments: Vec<(u64, u64, u64)>,
+    /// Link-time address of the `runtime.allglen` variable.
+    allglen: Option<u64>,
 }
 
 impl ElfSymbols {
@@ -107,6 +109,10 @@ impl ElfSymbols {
             })
             .collect();
         functions.sort();
+        let allglen = file
+            .symbols()
+            .find(|s| s.name() == Ok("runtime.allglen"))
+            .map(|s| s.address());
         let endian = file.endian();
         let link_base = file
             .elf_program_headers()
@@ -128,6 +134,7 @@ impl ElfSymbols {
             link_base,
             data,
             exec_segments,
+            allglen,
         })
     }
 
@@ -139,6 +146,11 @@ impl ElfSymbols {
     /// Whether the binary had no function symbols.
     pub fn is_empty(&self) -> bool {
         self.functions.is_empty()
+    }
+
+    /// The address of `runtime.allglen` in a process (load bias applied).
+    pub fn allglen_address(&self) -> Option<u64> {
+        self.allglen.map(|a| a.wrapping_add(self.bias))
     }
 
     /// Set the load bias from where file offset 0 is mapped in the process.
@@ -228,6 +240,7 @@ mod tests {
             link_base: 0x0,
             data: Vec::new(),
             exec_segments: Vec::new(),
+            allglen: None,
         };
         assert_eq!(s.symbolize(0x1050).unwrap().function, "a");
         assert!(s.symbolize(0x1150).is_none());

@@ -26,7 +26,7 @@ use crate::support::{
 struct StackReport {
     deep_calls: u64,
     deep_goroutines: u64,
-    goroutines: u64,
+    peak_goroutines: u64,
     num_gc: u64,
 }
 
@@ -60,7 +60,7 @@ fn trace(
     probes.collect(session.programs(), pid, &mut agg).unwrap();
     let report: StackReport = parse_report(&stdout);
     let symbols = ElfSymbols::open(&path).unwrap();
-    let summary = agg.summary(&symbols, Some((report.goroutines, "workload")));
+    let summary = agg.summary(&symbols, Some((report.peak_goroutines, "workload's peak")));
     eprintln!(
         "Go {} {mode:?} {args:?}: {report:?}\n{}",
         go.version,
@@ -130,7 +130,8 @@ fn counts_equal_the_workload_on_every_go_version() {
         );
         assert_eq!(report.deep_calls, 3000);
         assert_eq!(at(&s, DEEP), report.deep_goroutines, "Go {}", go.version);
-        assert_eq!(report.deep_goroutines, 4);
+        // However many of the 4 workers got a task.
+        assert!((1..=4).contains(&report.deep_goroutines), "{report:?}");
         // The sampled mode reads g.atomicstatus, whose offset moves too.
         let (s, _) = trace(
             &go,
@@ -219,4 +220,10 @@ fn sampled_and_exact_agree_on_the_top_site() {
         exact.top_sites[0].caller.function.as_str()
     );
     assert_eq!(sampled["recommendation"]["starting_stack_bytes"], 32768);
+    // The memory estimate is for the peak goroutine count (runtime.allglen:
+    // 64 per batch plus the runtime's own), not for all goroutines started.
+    let rec = &sampled["recommendation"];
+    assert_eq!(rec["goroutines_source"], "runtime.allglen: peak goroutines");
+    let n = rec["goroutines"].as_u64().unwrap();
+    assert!((65..1000).contains(&n), "{n} goroutines");
 }
