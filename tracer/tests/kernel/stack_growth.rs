@@ -227,3 +227,29 @@ fn sampled_and_exact_agree_on_the_top_site() {
     let n = rec["goroutines"].as_u64().unwrap();
     assert!((65..1000).contains(&n), "{n} goroutines");
 }
+
+#[test]
+fn pie_binaries_are_probed_and_symbolized() {
+    require_root();
+    let go = newest_go();
+    let path = build_workload("stackgrowth", &go, "-pie", &["-buildmode=pie"]);
+    for mode in ["exact", "sampled"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_gostw"))
+            .args(["stacks", "--json", "--exact-always", "--sample-hz", "499"])
+            .args(["--mode", mode, "--"])
+            .arg(&path)
+            .args(["-mode", "batch", "-duration", "1s"])
+            .output()
+            .expect("running gostw stacks");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let json = stdout.lines().find(|l| l.starts_with('{')).unwrap();
+        let s: serde_json::Value = serde_json::from_str(json).unwrap();
+        assert_eq!(s["top_sites"][0]["site"]["function"], DEEP, "{mode}: {s:#}");
+        assert_eq!(s["recommendation"]["starting_stack_bytes"], 32768, "{mode}");
+    }
+}
