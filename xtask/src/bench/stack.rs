@@ -3,7 +3,8 @@
 //! untraced workload against gostw's sampled mode (the default), its exact
 //! mode (default duty cycle, and always attached), and a bpftrace one-liner
 //! counting runtime.newstack hits. Configurations are interleaved round by
-//! round so machine noise hits them alike; ratios are of medians.
+//! round, in a rotating order, so machine noise hits them alike; ratios are
+//! of medians.
 
 use std::{path::Path, process::Command};
 
@@ -88,7 +89,11 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     // Per configuration: tasks per wall second, tasks per CPU second.
     let mut results: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); configs.len()];
     for round in 0..rounds {
-        for (i, c) in configs.iter().enumerate() {
+        // Rotate the order each round so no configuration always runs
+        // right after the same neighbour.
+        for k in 0..configs.len() {
+            let i = (k + round) % configs.len();
+            let c = &configs[i];
             step(&format!("round {}/{rounds}: {}", round + 1, c.name));
             let (wall, cpu) = run_once(c, &workload, &args)?;
             eprintln!("  {wall:.0} tasks/s, {cpu:.0} tasks per CPU second");
