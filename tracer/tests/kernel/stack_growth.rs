@@ -5,11 +5,15 @@
 //! (`deep_goroutines`). The exact mode must count exactly that many growths
 //! at main.deep19k, on every Go version of the matrix.
 
-use std::process::Command;
+use std::{
+    process::{Command, Stdio},
+    time::Duration,
+};
 
 use serde::Deserialize;
 use tracer::{
     binary::GoBinary,
+    process::StoppedChild,
     session::Session,
     stackgrowth::{
         DutyCycle, ElfSymbols, Mode, StackGrowthAggregator, StackGrowthOptions, StackGrowthProbes,
@@ -252,4 +256,60 @@ fn pie_binaries_are_probed_and_symbolized() {
         assert_eq!(s["top_sites"][0]["site"]["function"], DEEP, "{mode}: {s:#}");
         assert_eq!(s["recommendation"]["starting_stack_bytes"], 32768, "{mode}");
     }
+}
+
+#[test]
+fn exact_mode_duty_cycle_reports_the_attached_share() {
+    require_root();
+    let go = newest_go();
+    let path = build_workload("stackgrowth", &go, "", &[]);
+    let binary = GoBinary::open(&path).unwrap();
+    let mut session = Session::new().unwrap();
+    let opts = StackGrowthOptions {
+        mode: Mode::Exact,
+        duty: DutyCycle {
+            on: Duration::from_millis(300),
+            period: Duration::from_secs(1),
+            max_events: u64::MAX,
+        },
+        ..Default::default()
+    };
+    let mut probes = StackGrowthProbes::attach(session.programs(), &binary, opts).unwrap();
+    let stopped = StoppedChild::spawn(
+        binary.path.as_os_str(),
+        &["-mode", "batch", "-duration", "3s"].map(std::ffi::OsStr::new),
+        |cmd| {
+            cmd.stdout(Stdio::piped());
+        },
+    )
+    .unwrap();
+    let pid = stopped.pid();
+    session.trace_process(pid, &binary).unwrap();
+    probes.watch(pid);
+    let mut child = stopped.resume().unwrap();
+    while child.try_wait().unwrap().is_none() {
+        std::thread::sleep(Duration::from_millis(20));
+        probes.tick(session.programs()).unwrap();
+    }
+    let mut agg = StackGrowthAggregator::new(Mode::Exact);
+    probes.collect(session.programs(), pid, &mut agg).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let report: StackReport = parse_report(&String::from_utf8_lossy(&out.stdout));
+    let s = agg.summary(&ElfSymbols::open(&path).unwrap(), None);
+    eprintln!("{report:?}\n{}", s.render_text());
+    // 300 ms out of every second, over a ~3 s run.
+    assert!(
+        (0.2..0.5).contains(&s.attached_fraction),
+        "attached {:.2} of the time",
+        s.attached_fraction
+    );
+    // Only the growths of the attached windows were seen, all at deep19k.
+    let seen = at(&s, DEEP);
+    assert!(
+        seen > 0 && seen < report.deep_goroutines,
+        "{seen} of {report:?}"
+    );
+    // Rates are per attached second, not diluted by the detached time.
+    let per_elapsed = s.growths as f64 / s.elapsed_secs;
+    assert!(s.growths_per_sec.unwrap() > 1.9 * per_elapsed);
 }
