@@ -166,12 +166,14 @@ impl StackGrowthProbes {
 
     fn attach_uprobe(&mut self, programs: &mut Programs) -> anyhow::Result<()> {
         let (offset, path) = (self.copystack_offset, self.binary.clone());
+        let t = Instant::now();
         let link = Self::uprobe_program(programs)?
             .attach(offset, &path, UProbeScope::AllProcesses)
             .with_context(|| {
                 format!("attaching stack_copy to {COPYSTACK} in {}", path.display())
             })?;
         self.uprobe = Some(link);
+        log::debug!("stack_copy attached in {:?}", t.elapsed());
         let now = Instant::now();
         self.attached_since = Some(now);
         self.window_start = now;
@@ -181,7 +183,9 @@ impl StackGrowthProbes {
 
     fn detach_uprobe(&mut self, programs: &mut Programs) -> anyhow::Result<()> {
         if let Some(link) = self.uprobe.take() {
+            let t = Instant::now();
             Self::uprobe_program(programs)?.detach(link)?;
+            log::debug!("stack_copy detached in {:?}", t.elapsed());
         }
         if let Some(since) = self.attached_since.take() {
             self.attached_total += since.elapsed();
