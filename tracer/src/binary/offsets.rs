@@ -57,7 +57,22 @@ pub const FIELDS: &[&str] = &[
 
 /// The fields that are runtime struct members (all but the stack slot),
 /// which DWARF and the type descriptors can give.
-pub const STRUCT_FIELDS: &[&str] = FIELDS.split_at(12).0;
+pub const STRUCT_FIELDS: &[&str] = &[
+    "g.stack.lo",
+    "g.stack.hi",
+    "g.stackguard0",
+    "g.m",
+    "g.sched.sp",
+    "g.sched.pc",
+    "g.sched.bp",
+    "g.goid",
+    "m.morebuf.pc",
+    "m.procid",
+    "m.curg",
+    "m.preemptoff",
+    "g.atomicstatus",
+    "m.g0",
+];
 
 impl StructOffsets {
     /// The per-version table; `None` for a version outside it.
@@ -141,6 +156,8 @@ impl StructOffsets {
             ("m.procid", get("runtime.m", "procid")),
             ("m.curg", get("runtime.m", "curg")),
             ("m.preemptoff", get("runtime.m", "preemptoff")),
+            ("g.atomicstatus", get("runtime.g", "atomicstatus")),
+            ("m.g0", get("runtime.m", "g0")),
         ];
         let fields = values
             .into_iter()
@@ -227,6 +244,18 @@ mod tests {
             None
         );
         assert!(StructOffsets::from_version_table(v(30)).is_none());
+    }
+
+    #[test]
+    fn struct_fields_are_every_field_but_the_stack_slot() {
+        let mut all: Vec<_> = FIELDS
+            .iter()
+            .filter(|f| !f.starts_with("startTheWorldWithSema"))
+            .collect();
+        let mut structs: Vec<_> = STRUCT_FIELDS.iter().collect();
+        all.sort();
+        structs.sort();
+        assert_eq!(all, structs);
     }
 
     #[test]
