@@ -16,7 +16,7 @@ use tracer::{
     process::StoppedChild,
     session::Session,
     stackgrowth::{
-        DutyCycle, ElfSymbols, Mode, StackGrowthAggregator, StackGrowthOptions, StackGrowthProbes,
+        DutyCycle, GoSymbols, Mode, StackGrowthAggregator, StackGrowthOptions, StackGrowthProbes,
         goroutines,
     },
     units::parse_duration,
@@ -96,7 +96,7 @@ pub fn run(args: StacksArgs) -> anyhow::Result<i32> {
         (None, None) => bail!("give --pid PID or -- COMMAND ARGS"),
     };
     let binary = GoBinary::open(&path)?;
-    let mut symbols = ElfSymbols::open(&path)
+    let mut symbols = GoSymbols::new(&binary)
         .with_context(|| format!("reading symbols of {}", path.display()))?;
     let mut session = Session::new()?;
     let mut probes = StackGrowthProbes::attach(session.programs(), &binary, opts)?;
@@ -140,11 +140,11 @@ pub fn run(args: StacksArgs) -> anyhow::Result<i32> {
         std::thread::sleep(Duration::from_millis(100));
         drain(&mut ring, &mut agg);
         if !bias_known {
-            bias_known = symbols.set_bias_from_process(pid).is_ok();
+            bias_known = symbols.elf.set_bias_from_process(pid).is_ok();
         }
         if bias_known {
             // Read while the process lives; a started one may exit any time.
-            peak_goroutines = goroutines::peak_goroutines(pid, &symbols).or(peak_goroutines);
+            peak_goroutines = goroutines::peak_goroutines(pid, &symbols.elf).or(peak_goroutines);
         }
         let exited = match child.as_mut() {
             Some(c) => match c.try_wait()? {

@@ -6,8 +6,9 @@
 //! - `aggregate`: pure aggregation into a `StackGrowthSummary` (serde) with a
 //!   text renderer.
 //! - `recommend`: the starting-stack recommendation.
-//! - `symbolize`, `frames`: PCs to names and frame sizes (the `Symbolizer`
-//!   trait is the seam for a pclntab symbolizer).
+//! - `symbolize`, `frames`: PCs to code locations (pclntab) and frame sizes
+//!   (function prologues); the `Symbolizer` trait is what aggregation sees.
+//! - `goroutines`: the peak goroutine count of a live process.
 
 pub mod aggregate;
 pub mod frames;
@@ -19,7 +20,7 @@ pub mod symbolize;
 pub use aggregate::{SiteSummary, StackGrowthAggregator, StackGrowthSummary};
 pub use probes::{DutyCycle, StackGrowthOptions, StackGrowthProbes};
 pub use recommend::Recommendation;
-pub use symbolize::{CodeLocation, ElfSymbols, NoSymbols, Symbolizer};
+pub use symbolize::{CodeLocation, ElfSymbols, GoSymbols, NoSymbols, Symbolizer};
 
 /// How stack growth is observed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]

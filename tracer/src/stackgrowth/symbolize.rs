@@ -1,11 +1,14 @@
-//! Turning sampled PCs into function names. The `Symbolizer` trait is the
-//! seam: today an ELF `.symtab` lookup (function names only); a pclntab
-//! symbolizer (function, file:line, inlined frames, works on stripped
-//! binaries) can replace it without touching the aggregation.
+//! Turning sampled PCs into code locations, and telling how much stack a
+//! function's frame takes. The `Symbolizer` trait is what the aggregation
+//! sees; `GoSymbols` (the binary's pclntab: function, file:line, also for
+//! stripped binaries) is the one to use, `ElfSymbols` (the ELF `.symtab`:
+//! names only) the fallback it is built on for code bytes and variables.
 
-use std::path::Path;
+use std::{path::Path, sync::Arc};
 
 use object::{Object as _, ObjectSymbol as _, elf, read::elf::ProgramHeader as _};
+
+use crate::binary::{GoBinary, Pclntab};
 
 /// One symbolized code location.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -186,6 +189,24 @@ pub fn mapping_start(maps: &str, path: &str) -> Option<u64> {
 }
 
 impl ElfSymbols {
+    /// The load bias set for the traced process.
+    pub fn bias(&self) -> u64 {
+        self.bias
+    }
+
+    /// The prologue frame size of the function whose code is [start, end)
+    /// (link-time addresses).
+    pub fn prologue_frame(&self, start: u64, end: u64) -> Option<u64> {
+        let &(vaddr, filesz, offset) = self
+            .exec_segments
+            .iter()
+            .find(|(v, sz, _)| start >= *v && start < v + sz)?;
+        let from = usize::try_from(start - vaddr + offset).ok()?;
+        let len = usize::try_from((end - start).min(vaddr + filesz - start)).ok()?;
+        let code = self.data.get(from..from.checked_add(len)?)?;
+        super::frames::prologue_max_sp_delta(code, start)
+    }
+
     /// The function (start, end, name) containing link-time address `pc`.
     fn function_at(&self, pc: u64) -> Option<&(u64, u64, String)> {
         let i = self.functions.partition_point(|(start, _, _)| *start <= pc);
@@ -206,14 +227,64 @@ impl Symbolizer for ElfSymbols {
 
     fn max_frame(&self, pc: u64) -> Option<u64> {
         let &(start, end, _) = self.function_at(pc.wrapping_sub(1).wrapping_sub(self.bias))?;
-        let &(vaddr, filesz, offset) = self
-            .exec_segments
-            .iter()
-            .find(|(v, sz, _)| start >= *v && start < v + sz)?;
-        let from = usize::try_from(start - vaddr + offset).ok()?;
-        let len = usize::try_from((end - start).min(vaddr + filesz - start)).ok()?;
-        let code = self.data.get(from..from.checked_add(len)?)?;
-        super::frames::prologue_max_sp_delta(code, start)
+        self.prologue_frame(start, end)
+    }
+}
+
+/// The symbolizer for Go binaries: names, files and lines from pclntab
+/// (present even in stripped binaries), frame sizes from prologues.
+pub struct GoSymbols {
+    pclntab: Arc<Pclntab>,
+    /// (entry, end) of every function, sorted by entry.
+    functions: Vec<(u64, u64)>,
+    /// Code bytes, `runtime.allglen`, and the load bias.
+    pub elf: ElfSymbols,
+}
+
+impl GoSymbols {
+    /// Symbols of an analysed binary.
+    pub fn new(binary: &GoBinary) -> anyhow::Result<GoSymbols> {
+        let pclntab = binary.pclntab()?.clone();
+        let mut functions: Vec<(u64, u64)> =
+            pclntab.functions().map(|(_, e, end)| (e, end)).collect();
+        functions.sort_unstable();
+        Ok(GoSymbols {
+            pclntab,
+            functions,
+            elf: ElfSymbols::open(&binary.path)?,
+        })
+    }
+
+    /// The function [entry, end) holding link-time address `pc`.
+    fn function_at(&self, pc: u64) -> Option<(u64, u64)> {
+        let i = self.functions.partition_point(|(entry, _)| *entry <= pc);
+        let f = *self.functions.get(i.checked_sub(1)?)?;
+        (pc < f.1).then_some(f)
+    }
+}
+
+impl Symbolizer for GoSymbols {
+    fn symbolize(&self, pc: u64) -> Option<CodeLocation> {
+        // Innermost first: where the instruction is in the source, inlined
+        // calls included.
+        match self
+            .pclntab
+            .frames(pc.wrapping_sub(self.elf.bias()))
+            .into_iter()
+            .next()
+        {
+            Some(f) => Some(CodeLocation {
+                function: f.function,
+                file: Some(f.file),
+                line: Some(f.line),
+            }),
+            None => self.elf.symbolize(pc),
+        }
+    }
+
+    fn max_frame(&self, pc: u64) -> Option<u64> {
+        let (entry, end) = self.function_at(pc.wrapping_sub(1).wrapping_sub(self.elf.bias()))?;
+        self.elf.prologue_frame(entry, end)
     }
 }
 

@@ -16,7 +16,7 @@ use tracer::{
     process::StoppedChild,
     session::Session,
     stackgrowth::{
-        DutyCycle, ElfSymbols, Mode, StackGrowthAggregator, StackGrowthOptions, StackGrowthProbes,
+        DutyCycle, GoSymbols, Mode, StackGrowthAggregator, StackGrowthOptions, StackGrowthProbes,
         StackGrowthSummary,
     },
 };
@@ -63,7 +63,7 @@ fn trace(
     }
     probes.collect(session.programs(), pid, &mut agg).unwrap();
     let report: StackReport = parse_report(&stdout);
-    let symbols = ElfSymbols::open(&path).unwrap();
+    let symbols = GoSymbols::new(&binary).unwrap();
     let summary = agg.summary(&symbols, Some((report.peak_goroutines, "workload's peak")));
     eprintln!(
         "Go {} {mode:?} {args:?}: {report:?}\n{}",
@@ -91,6 +91,10 @@ fn deep_function_is_the_top_site_and_32k_is_recommended() {
     let top = &s.top_sites[0];
     assert_eq!(top.site.function, DEEP, "{s:#?}");
     assert_eq!(top.caller.function, CALLER);
+    // Sites come with file:line from pclntab.
+    let file = top.site.file.as_deref().unwrap_or_default();
+    assert!(file.ends_with("stackgrowth/main.go"), "{:?}", top.site);
+    assert!(top.site.line.unwrap_or(0) > 0 && top.caller.line.unwrap_or(0) > 0);
     // One growth per goroutine that ran deep19k, 2 KB -> 32 KB in one step.
     assert_eq!(top.count, report.deep_goroutines);
     assert_eq!(top.old_sizes.get(&2048), Some(&report.deep_goroutines));
@@ -233,28 +237,43 @@ fn sampled_and_exact_agree_on_the_top_site() {
 }
 
 #[test]
-fn pie_binaries_are_probed_and_symbolized() {
+fn pie_and_stripped_binaries_are_probed_and_symbolized() {
     require_root();
     let go = newest_go();
-    let path = build_workload("stackgrowth", &go, "-pie", &["-buildmode=pie"]);
-    for mode in ["exact", "sampled"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_gostw"))
-            .args(["stacks", "--json", "--exact-always", "--sample-hz", "499"])
-            .args(["--mode", mode, "--"])
-            .arg(&path)
-            .args(["-mode", "batch", "-duration", "1s"])
-            .output()
-            .expect("running gostw stacks");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let json = stdout.lines().find(|l| l.starts_with('{')).unwrap();
-        let s: serde_json::Value = serde_json::from_str(json).unwrap();
-        assert_eq!(s["top_sites"][0]["site"]["function"], DEEP, "{mode}: {s:#}");
-        assert_eq!(s["recommendation"]["starting_stack_bytes"], 32768, "{mode}");
+    let variants: [(&str, &[&str]); 2] = [
+        ("-pie", &["-buildmode=pie"]),
+        // No .symtab: copystack and the sites come from pclntab.
+        ("-stripped", &["-ldflags=-s -w"]),
+    ];
+    for (variant, build_args) in variants {
+        let path = build_workload("stackgrowth", &go, variant, build_args);
+        for mode in ["exact", "sampled"] {
+            let out = Command::new(env!("CARGO_BIN_EXE_gostw"))
+                .args(["stacks", "--json", "--exact-always", "--sample-hz", "499"])
+                .args(["--mode", mode, "--"])
+                .arg(&path)
+                .args(["-mode", "batch", "-duration", "1s"])
+                .output()
+                .expect("running gostw stacks");
+            assert!(
+                out.status.success(),
+                "{variant} {mode}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let json = stdout.lines().find(|l| l.starts_with('{')).unwrap();
+            let s: serde_json::Value = serde_json::from_str(json).unwrap();
+            let site = &s["top_sites"][0]["site"];
+            assert_eq!(site["function"], DEEP, "{variant} {mode}: {s:#}");
+            assert!(
+                site["file"].as_str().unwrap().ends_with("main.go"),
+                "{site}"
+            );
+            assert_eq!(
+                s["recommendation"]["starting_stack_bytes"], 32768,
+                "{variant} {mode}"
+            );
+        }
     }
 }
 
@@ -295,7 +314,7 @@ fn exact_mode_duty_cycle_reports_the_attached_share() {
     probes.collect(session.programs(), pid, &mut agg).unwrap();
     let out = child.wait_with_output().unwrap();
     let report: StackReport = parse_report(&String::from_utf8_lossy(&out.stdout));
-    let s = agg.summary(&ElfSymbols::open(&path).unwrap(), None);
+    let s = agg.summary(&GoSymbols::new(&binary).unwrap(), None);
     eprintln!("{report:?}\n{}", s.render_text());
     // 300 ms out of every second, over a ~3 s run; detaching a uprobe takes
     // ~100 ms here, and that time counts as attached.
