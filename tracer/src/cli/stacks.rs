@@ -48,7 +48,7 @@ pub struct StacksArgs {
     /// ...out of every this long...
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     exact_period: Duration,
-    /// ...or until this many copies in one window.
+    /// ...or until this many copies in one window (checked every 100 ms).
     #[arg(long, default_value_t = 50_000)]
     exact_max_events: u64,
     /// Exact mode: keep the probe attached all the time (full counts; the
@@ -167,6 +167,7 @@ pub fn run(args: StacksArgs) -> anyhow::Result<i32> {
     drain(&mut ring, &mut agg);
     probes.collect(session.programs(), pid, &mut agg)?;
     session.programs().untrace(pid)?;
+    tracer::stackgrowth::probes::forget_process(session.programs(), pid)?;
     probes.detach(session.programs())?;
     if bad_events > 0 {
         log::warn!("{bad_events} events could not be decoded");

@@ -18,7 +18,7 @@ pub mod recommend;
 pub mod symbolize;
 
 pub use aggregate::{SiteSummary, StackGrowthAggregator, StackGrowthSummary};
-pub use probes::{DutyCycle, StackGrowthOptions, StackGrowthProbes};
+pub use probes::{DutyCycle, StackGrowthOptions, StackGrowthProbes, forget_process, site_counts};
 pub use recommend::Recommendation;
 pub use symbolize::{CodeLocation, ElfSymbols, GoSymbols, NoSymbols, Symbolizer};
 

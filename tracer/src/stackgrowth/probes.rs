@@ -288,6 +288,28 @@ impl StackGrowthProbes {
     }
 }
 
+/// Delete process `tgid`'s rows of `STACK_SITES` (after its last
+/// `collect`), so a long-running tracer does not fill the map with the
+/// counts of processes gone.
+pub fn forget_process(programs: &mut Programs, tgid: u32) -> anyhow::Result<()> {
+    let mut map: PerCpuHashMap<_, StackSiteKey, StackSiteCounts> = PerCpuHashMap::try_from(
+        programs
+            .ebpf_mut()
+            .map_mut(map_names::STACK_SITES)
+            .context("map STACK_SITES missing from the eBPF object")?,
+    )?;
+    let keys: Vec<StackSiteKey> = map
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| k.tgid == tgid)
+        .collect();
+    for key in keys {
+        // Already gone is fine.
+        let _ = map.remove(&key);
+    }
+    Ok(())
+}
+
 /// This process's rows of `STACK_SITES`, summed over CPUs.
 pub fn site_counts(
     programs: &Programs,

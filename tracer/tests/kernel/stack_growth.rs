@@ -17,7 +17,7 @@ use tracer::{
     session::Session,
     stackgrowth::{
         DutyCycle, GoSymbols, Mode, StackGrowthAggregator, StackGrowthOptions, StackGrowthProbes,
-        StackGrowthSummary,
+        StackGrowthSummary, forget_process, site_counts,
     },
 };
 
@@ -62,6 +62,9 @@ fn trace(
         agg.add_event_bytes(&item).expect("a well-formed event");
     }
     probes.collect(session.programs(), pid, &mut agg).unwrap();
+    // The kernel's per-site rows of a finished process can be dropped.
+    forget_process(session.programs(), pid).unwrap();
+    assert!(site_counts(session.programs(), pid).unwrap().is_empty());
     let report: StackReport = parse_report(&stdout);
     let symbols = GoSymbols::new(&binary).unwrap();
     let summary = agg.summary(&symbols, Some((report.peak_goroutines, "workload's peak")));
@@ -88,6 +91,7 @@ fn deep_function_is_the_top_site_and_32k_is_recommended() {
     require_root();
     let go = newest_go();
     let (s, report) = trace(&go, Mode::Exact, 0, &["-mode", "batch", "-tasks", "20000"]);
+    assert!(s.growths > 0, "no growth counted");
     let top = &s.top_sites[0];
     assert_eq!(top.site.function, DEEP, "{s:#?}");
     assert_eq!(top.caller.function, CALLER);
@@ -288,7 +292,7 @@ fn exact_mode_duty_cycle_reports_the_attached_share() {
         mode: Mode::Exact,
         duty: DutyCycle {
             on: Duration::from_millis(300),
-            period: Duration::from_secs(1),
+            period: Duration::from_secs(2),
             max_events: u64::MAX,
         },
         ..Default::default()
@@ -296,7 +300,7 @@ fn exact_mode_duty_cycle_reports_the_attached_share() {
     let mut probes = StackGrowthProbes::attach(session.programs(), &binary, opts).unwrap();
     let stopped = StoppedChild::spawn(
         binary.path.as_os_str(),
-        &["-mode", "batch", "-duration", "3s"].map(std::ffi::OsStr::new),
+        &["-mode", "batch", "-duration", "4s"].map(std::ffi::OsStr::new),
         |cmd| {
             cmd.stdout(Stdio::piped());
         },
@@ -316,10 +320,11 @@ fn exact_mode_duty_cycle_reports_the_attached_share() {
     let report: StackReport = parse_report(&String::from_utf8_lossy(&out.stdout));
     let s = agg.summary(&GoSymbols::new(&binary).unwrap(), None);
     eprintln!("{report:?}\n{}", s.render_text());
-    // 300 ms out of every second, over a ~3 s run; detaching a uprobe takes
-    // ~100 ms here, and that time counts as attached.
+    // 300 ms out of every 2 s, over a ~4 s run; detaching a uprobe takes
+    // 100 ms or more here (more under load), and that time counts as
+    // attached.
     assert!(
-        (0.2..0.7).contains(&s.attached_fraction),
+        (0.05..0.6).contains(&s.attached_fraction),
         "attached {:.2} of the time",
         s.attached_fraction
     );
@@ -331,5 +336,7 @@ fn exact_mode_duty_cycle_reports_the_attached_share() {
     );
     // Rates are per attached second, not diluted by the detached time.
     let per_elapsed = s.growths as f64 / s.elapsed_secs;
-    assert!(s.growths_per_sec.unwrap() > 1.9 * per_elapsed);
+    let scaled = per_elapsed / s.attached_fraction;
+    assert!((s.growths_per_sec.unwrap() / scaled - 1.0).abs() < 0.01);
+    assert!(s.growths_per_sec.unwrap() > 1.5 * per_elapsed);
 }
