@@ -8,6 +8,7 @@ pub mod counters;
 pub mod event;
 pub mod pause;
 pub mod process;
+pub mod stack;
 
 /// Names of the maps the kernel programs define, so user space looks them up
 /// by the same spelling.
@@ -17,6 +18,8 @@ pub mod map_names {
     pub const COUNTERS: &str = "COUNTERS";
     pub const PROBE_HITS: &str = "PROBE_HITS";
     pub const PAUSE_WINDOWS: &str = "PAUSE_WINDOWS";
+    pub const STACK_SITES: &str = "STACK_SITES";
+    pub const STACK_CONFIG: &str = "STACK_CONFIG";
 }
 
 /// Compile-time size check for a type that crosses the kernel/user boundary.

@@ -13,6 +13,12 @@ pub enum Probe {
     StartTheWorldRet = 1,
     /// `runtime.newstack` entry.
     Newstack = 2,
+    /// `runtime.copystack` entry (exact stack-growth mode), any copy.
+    Copystack = 3,
+    /// A CPU-clock sample of a traced process (sampled stack-growth mode).
+    CpuSample = 4,
+    /// A CPU-clock sample that caught the process copying a goroutine stack.
+    StackCopySample = 5,
 }
 
 /// Key of the `PROBE_HITS` map: one counter per (process, probe).
@@ -65,7 +71,11 @@ pub struct GoOffsets {
     /// Offset from RSP, at startTheWorldWithSema's RET, of the saved
     /// `w.startedStopping` (Go 1.22+), as a negative distance in bytes.
     pub start_rsp_started_stopping: u16,
-    pub _pad: [u16; 3],
+    /// `g.atomicstatus` (stack-growth samples check for `_Gcopystack`).
+    pub g_atomicstatus: u16,
+    /// `m.g0`.
+    pub m_g0: u16,
+    pub _pad: [u16; 1],
 }
 assert_size!(GoOffsets, GoOffsets::SIZE);
 
@@ -92,7 +102,9 @@ impl Default for GoOffsets {
             m_curg: Self::UNKNOWN,
             m_preemptoff: Self::UNKNOWN,
             start_rsp_started_stopping: Self::UNKNOWN,
-            _pad: [0; 3],
+            g_atomicstatus: Self::UNKNOWN,
+            m_g0: Self::UNKNOWN,
+            _pad: [0; 1],
         }
     }
 }

@@ -6,6 +6,7 @@
 
 mod maps;
 mod pause;
+mod stack;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -154,6 +154,17 @@ impl Programs {
         Ok(aya::maps::RingBuf::try_from(map)?)
     }
 
+    /// The loaded object, for probe families that manage their own
+    /// programs and maps (e.g. `stackgrowth`).
+    pub fn ebpf(&self) -> &Ebpf {
+        &self.ebpf
+    }
+
+    /// The loaded object, mutably.
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
     fn map(&self, name: &str) -> anyhow::Result<&aya::maps::Map> {
         self.ebpf
             .map(name)

@@ -11,6 +11,7 @@ pub mod pipeline;
 pub mod process;
 pub mod report;
 pub mod session;
+pub mod stackgrowth;
 pub mod symbolize;
 pub mod target;
 pub mod units;

@@ -26,6 +26,9 @@ enum Command {
     Run(cli::run::Args),
     /// Show what gostw finds in a Go binary or a running process's executable.
     Inspect(tracer::inspect::InspectArgs),
+    /// Goroutine stack growth: call sites, sizes, cost, and the starting
+    /// stack that would avoid it (`--pid PID` or `-- CMD ARGS`).
+    Stacks(cli::stacks::StacksArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
             Command::Attach(args) => cli::attach::run(args).await,
             Command::Run(args) => cli::run::run(args).await,
             Command::Inspect(args) => tracer::inspect::run(&args).map(|()| 0),
+            Command::Stacks(args) => cli::stacks::run(args),
         }
     });
     match result {

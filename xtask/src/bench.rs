@@ -2,6 +2,8 @@
 //! runs of the same Go workload, interleaved so drifts in machine load hit
 //! both sides alike. A benchmark prints figures; it does not pass or fail.
 
+mod stack;
+
 use std::process::Command;
 
 use anyhow::{Context as _, bail};
@@ -13,7 +15,9 @@ use crate::{
 
 #[derive(clap::Args)]
 pub struct Options {
-    /// Which benchmark: `pauses` (stop-the-world probes on a GC-heavy workload).
+    /// Which benchmark: `pauses` (stop-the-world probes on a GC-heavy
+    /// workload) or `stack` (stack-growth modes and a bpftrace newstack
+    /// counter on a goroutine-per-task workload).
     pub name: String,
     /// Untraced/traced pairs to run.
     #[arg(long, default_value_t = 7)]
@@ -29,7 +33,8 @@ pub struct Options {
 pub fn run(opts: &Options) -> anyhow::Result<()> {
     match opts.name.as_str() {
         "pauses" => pauses(opts),
-        other => bail!("unknown benchmark {other:?} (known: pauses)"),
+        "stack" => stack::run(opts),
+        other => bail!("unknown benchmark {other:?} (known: pauses, stack)"),
     }
 }
 

@@ -51,11 +51,28 @@ pub const FIELDS: &[&str] = &[
     "m.curg",
     "m.preemptoff",
     "startTheWorldWithSema.ret.rsp_minus.startedStopping",
+    "g.atomicstatus",
+    "m.g0",
 ];
 
 /// The fields that are runtime struct members (all but the stack slot),
 /// which DWARF and the type descriptors can give.
-pub const STRUCT_FIELDS: &[&str] = FIELDS.split_at(12).0;
+pub const STRUCT_FIELDS: &[&str] = &[
+    "g.stack.lo",
+    "g.stack.hi",
+    "g.stackguard0",
+    "g.m",
+    "g.sched.sp",
+    "g.sched.pc",
+    "g.sched.bp",
+    "g.goid",
+    "m.morebuf.pc",
+    "m.procid",
+    "m.curg",
+    "m.preemptoff",
+    "g.atomicstatus",
+    "m.g0",
+];
 
 impl StructOffsets {
     /// The per-version table; `None` for a version outside it.
@@ -88,6 +105,10 @@ impl StructOffsets {
         put("g.sched.pc", 64);
         put("g.sched.bp", sched_bp);
         put("g.goid", goid);
+        // atomicstatus and stackLock (4 bytes each) sit right before goid in
+        // every version of the table.
+        put("g.atomicstatus", goid - 8);
+        put("m.g0", 0);
         put("m.morebuf.pc", 16);
         put("m.procid", procid);
         put("m.curg", curg);
@@ -135,6 +156,8 @@ impl StructOffsets {
             ("m.procid", get("runtime.m", "procid")),
             ("m.curg", get("runtime.m", "curg")),
             ("m.preemptoff", get("runtime.m", "preemptoff")),
+            ("g.atomicstatus", get("runtime.g", "atomicstatus")),
+            ("m.g0", get("runtime.m", "g0")),
         ];
         let fields = values
             .into_iter()
@@ -187,7 +210,9 @@ impl StructOffsets {
             m_curg: g("m.curg"),
             m_preemptoff: g("m.preemptoff"),
             start_rsp_started_stopping: g("startTheWorldWithSema.ret.rsp_minus.startedStopping"),
-            _pad: [0; 3],
+            g_atomicstatus: g("g.atomicstatus"),
+            m_g0: g("m.g0"),
+            _pad: [0; 1],
         }
     }
 }
@@ -211,6 +236,7 @@ mod tests {
         assert_eq!(t.get("g.sched.bp"), Some(96));
         let t = StructOffsets::from_version_table(v(23)).unwrap();
         assert_eq!(t.get("g.goid"), Some(160));
+        assert_eq!(t.get("g.atomicstatus"), Some(152));
         assert_eq!(
             StructOffsets::from_version_table(v(19))
                 .unwrap()
@@ -218,6 +244,18 @@ mod tests {
             None
         );
         assert!(StructOffsets::from_version_table(v(30)).is_none());
+    }
+
+    #[test]
+    fn struct_fields_are_every_field_but_the_stack_slot() {
+        let mut all: Vec<_> = FIELDS
+            .iter()
+            .filter(|f| !f.starts_with("startTheWorldWithSema"))
+            .collect();
+        let mut structs: Vec<_> = STRUCT_FIELDS.iter().collect();
+        all.sort();
+        structs.sort();
+        assert_eq!(all, structs);
     }
 
     #[test]

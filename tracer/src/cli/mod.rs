@@ -1,8 +1,9 @@
-//! The tracing subcommands (`attach`, `run`): their shared options and the
+//! The tracing subcommands (`attach`, `run`, `stacks`): their shared options and the
 //! event loop both run until the trace ends.
 
 pub mod attach;
 pub mod run;
+pub mod stacks;
 
 use std::{future::Future, path::PathBuf, time::Duration};
 

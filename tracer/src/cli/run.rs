@@ -91,7 +91,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
 }
 
 /// Resolve a program name the way a shell would.
-fn which_program(program: &std::ffi::OsStr) -> anyhow::Result<PathBuf> {
+pub fn which_program(program: &std::ffi::OsStr) -> anyhow::Result<PathBuf> {
     let p = std::path::Path::new(program);
     if p.components().count() > 1 {
         return p.canonicalize().with_context(|| format!("{}", p.display()));

@@ -6,5 +6,6 @@ mod support;
 
 mod binary_analysis;
 mod pauses;
+mod stack_growth;
 mod stw_probe;
 mod vm_env;

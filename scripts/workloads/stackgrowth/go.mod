@@ -1,0 +1,3 @@
+module gostw.test/stackgrowth
+
+go 1.19

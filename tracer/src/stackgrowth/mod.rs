@@ -1,0 +1,36 @@
+//! Goroutine stack growth: which call sites grow stacks, how often, to which
+//! sizes, what it costs, and the starting stack that would avoid most of it.
+//!
+//! - `probes`: attaching the kernel side (exact: duty-cycled copystack
+//!   uprobe; sampled: per-CPU CPU-clock perf events) and reading its counts.
+//! - `aggregate`: pure aggregation into a `StackGrowthSummary` (serde) with a
+//!   text renderer.
+//! - `recommend`: the starting-stack recommendation.
+//! - `symbolize`, `frames`: PCs to code locations (pclntab) and frame sizes
+//!   (function prologues); the `Symbolizer` trait is what aggregation sees.
+//! - `goroutines`: the peak goroutine count of a live process.
+
+pub mod aggregate;
+pub mod frames;
+pub mod goroutines;
+pub mod probes;
+pub mod recommend;
+pub mod symbolize;
+
+pub use aggregate::{SiteSummary, StackGrowthAggregator, StackGrowthSummary};
+pub use probes::{DutyCycle, StackGrowthOptions, StackGrowthProbes, forget_process, site_counts};
+pub use recommend::Recommendation;
+pub use symbolize::{CodeLocation, ElfSymbols, GoSymbols, NoSymbols, Symbolizer};
+
+/// How stack growth is observed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// CPU-clock samples that catch a thread copying a goroutine stack:
+    /// near-zero cost, shares of CPU time rather than counts. The default.
+    #[default]
+    Sampled,
+    /// A uprobe on every `runtime.copystack`: exact counts and sizes, but
+    /// each hit costs microseconds, so it is attached only part of the time.
+    Exact,
+}

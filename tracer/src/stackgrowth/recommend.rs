@@ -1,0 +1,214 @@
+//! The starting stack size that would have avoided most observed growths,
+//! and when growth is too small to act on. Pure arithmetic.
+
+/// Go's smallest (and default) goroutine stack.
+pub const GO_MIN_STACK: u64 = 2048;
+
+/// Go's `stackGuard` on linux/amd64 (1.19-1.27): newstack grows until the
+/// new frame plus this much fits.
+pub const GO_STACK_GUARD: u64 = 928;
+
+/// Share of growths the recommended starting stack must avoid.
+pub const COVERAGE: f64 = 0.99;
+
+/// Exact mode: below both rates growth costs well under 1% of a CPU (a
+/// small copy takes a few microseconds).
+pub const NEGLIGIBLE_GROWTHS_PER_SEC: f64 = 1000.0;
+pub const NEGLIGIBLE_COPIED_BYTES_PER_SEC: f64 = 16.0 * 1024.0 * 1024.0;
+/// Sampled mode: below this share of the process's CPU time.
+pub const NEGLIGIBLE_CPU_SHARE: f64 = 0.01;
+
+/// The size newstack grows a stack of `old` bytes to, of which `used` bytes
+/// are live, for a function whose frame needs `max_frame` bytes (Go doubles
+/// until the frame plus the guard fits; unknown frame: one doubling).
+pub fn grown_size(old: u64, used: u64, max_frame: Option<u64>) -> u64 {
+    let mut new = old.max(1) * 2;
+    if let Some(frame) = max_frame {
+        let needed = frame + GO_STACK_GUARD;
+        while new.saturating_sub(used) < needed && new < 1 << 30 {
+            new *= 2;
+        }
+    }
+    new
+}
+
+/// What gostw advises about the starting stack size.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Recommendation {
+    /// Growth is too small to act on: nothing should change.
+    pub negligible: bool,
+    /// The smallest power-of-two starting stack that would have avoided
+    /// `COVERAGE` of the observed growths (None when nothing grew).
+    pub starting_stack_bytes: Option<u64>,
+    /// Share of observed growths it would have avoided.
+    pub avoided_fraction: f64,
+    /// The starting size goroutines had (smallest pre-growth size seen).
+    pub current_starting_stack_bytes: u64,
+    /// Goroutines the memory estimate is for, and where that count came from.
+    pub goroutines: Option<u64>,
+    pub goroutines_source: Option<String>,
+    /// `starting_stack_bytes * goroutines`.
+    pub memory_bytes: Option<u64>,
+    /// Memory above what those goroutines start with today.
+    pub extra_memory_bytes: Option<u64>,
+    /// One sentence for people.
+    pub advice: String,
+}
+
+/// Recommend a starting stack from `(size grown to, count)` pairs.
+pub fn recommend(
+    grown_to: &[(u64, u64)],
+    current_start: u64,
+    goroutines: Option<(u64, &str)>,
+    negligible: bool,
+) -> Recommendation {
+    let total: u64 = grown_to.iter().map(|&(_, n)| n).sum();
+    let current = current_start.max(GO_MIN_STACK).next_power_of_two();
+    let mut rec = Recommendation {
+        negligible,
+        starting_stack_bytes: None,
+        avoided_fraction: 0.0,
+        current_starting_stack_bytes: current,
+        goroutines: goroutines.map(|(n, _)| n),
+        goroutines_source: goroutines.map(|(_, s)| s.to_owned()),
+        memory_bytes: None,
+        extra_memory_bytes: None,
+        advice: String::new(),
+    };
+    if total == 0 {
+        rec.negligible = true;
+        rec.advice = "no goroutine stack growth observed: nothing should change".into();
+        return rec;
+    }
+    let mut sizes: Vec<(u64, u64)> = grown_to
+        .iter()
+        .map(|&(s, n)| (s.max(GO_MIN_STACK).next_power_of_two(), n))
+        .collect();
+    sizes.sort_unstable();
+    let mut covered = 0u64;
+    let mut pick = current;
+    for &(size, n) in &sizes {
+        if covered as f64 >= COVERAGE * total as f64 {
+            break;
+        }
+        covered += n;
+        pick = pick.max(size);
+    }
+    let avoided: u64 = sizes
+        .iter()
+        .filter(|(s, _)| *s <= pick)
+        .map(|(_, n)| n)
+        .sum();
+    rec.starting_stack_bytes = Some(pick);
+    rec.avoided_fraction = avoided as f64 / total as f64;
+    if let Some((n, _)) = goroutines {
+        rec.memory_bytes = Some(pick.saturating_mul(n));
+        rec.extra_memory_bytes = Some(pick.saturating_sub(current).saturating_mul(n));
+    }
+    let cost = match (
+        rec.memory_bytes,
+        rec.extra_memory_bytes,
+        &rec.goroutines_source,
+    ) {
+        (Some(m), Some(x), Some(src)) => format!(
+            "; for {} goroutines ({src}) that is {} of stacks, {} more than now",
+            rec.goroutines.unwrap_or(0),
+            human_bytes(m),
+            human_bytes(x)
+        ),
+        _ => String::new(),
+    };
+    rec.advice = if negligible {
+        format!(
+            "growth is negligible: nothing should change (a {} starting stack would avoid {:.0}% of it{cost})",
+            human_bytes(pick),
+            rec.avoided_fraction * 100.0
+        )
+    } else {
+        format!(
+            "a {} starting stack (now {}) would have avoided {:.1}% of growths{cost}. Go has no \
+             setting for it: keep such goroutines alive in a pool (they keep grown stacks), or \
+             move the large frame of the top site off the stack",
+            human_bytes(pick),
+            human_bytes(current),
+            rec.avoided_fraction * 100.0
+        )
+    };
+    rec
+}
+
+/// `2048` -> "2 KB", `33554432` -> "32 MB" (binary units).
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if v.fract() == 0.0 || u == 0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_19k_frame_grows_a_fresh_stack_to_32k_in_one_step() {
+        // deep19k: 19456-byte buffer + a little, called with ~200 bytes used.
+        assert_eq!(grown_size(2048, 200, Some(19456 + 40)), 32768);
+        assert_eq!(grown_size(4096, 200, Some(19456 + 40)), 32768);
+        // An unknown frame: one doubling.
+        assert_eq!(grown_size(2048, 200, None), 4096);
+        // A small frame: one doubling.
+        assert_eq!(grown_size(8192, 7000, Some(100)), 16384);
+    }
+
+    #[test]
+    fn recommends_the_99th_percentile_power_of_two() {
+        let r = recommend(
+            &[(32768, 990), (65536, 10)],
+            2048,
+            Some((100, "test")),
+            false,
+        );
+        assert_eq!(r.starting_stack_bytes, Some(32768));
+        assert!((r.avoided_fraction - 0.99).abs() < 1e-9);
+        assert_eq!(r.memory_bytes, Some(3_276_800));
+        assert_eq!(r.extra_memory_bytes, Some((32768 - 2048) * 100));
+        assert!(r.advice.contains("32 KB"), "{}", r.advice);
+        // 2% above 32K: 64K is needed to reach 99%.
+        let r = recommend(&[(32768, 98), (65536, 2)], 2048, None, false);
+        assert_eq!(r.starting_stack_bytes, Some(65536));
+        assert_eq!(r.memory_bytes, None);
+    }
+
+    #[test]
+    fn sizes_round_up_and_never_below_the_current_start() {
+        let r = recommend(&[(3000, 5)], 4096, None, false);
+        assert_eq!(r.starting_stack_bytes, Some(4096));
+        assert_eq!(r.current_starting_stack_bytes, 4096);
+    }
+
+    #[test]
+    fn nothing_grew_or_negligible_means_no_change() {
+        let r = recommend(&[], 2048, None, false);
+        assert!(r.negligible);
+        assert_eq!(r.starting_stack_bytes, None);
+        assert!(r.advice.contains("nothing should change"));
+        let r = recommend(&[(4096, 3)], 2048, None, true);
+        assert!(r.negligible && r.advice.contains("nothing should change"));
+    }
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_bytes(2048), "2 KB");
+        assert_eq!(human_bytes(1536), "1.5 KB");
+        assert_eq!(human_bytes(100), "100 B");
+        assert_eq!(human_bytes(32 << 20), "32 MB");
+    }
+}

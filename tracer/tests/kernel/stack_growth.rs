@@ -1,0 +1,342 @@
+//! Stack growth, checked against what the `stackgrowth` workload knows of
+//! itself. Its GC is off in batch and pool modes, so every goroutine starts
+//! with a 2 KB stack and the first deep19k call (a ~19 KB frame) grows it
+//! exactly once, straight to 32 KB; the workload counts those goroutines
+//! (`deep_goroutines`). The exact mode must count exactly that many growths
+//! at main.deep19k, on every Go version of the matrix.
+
+use std::{
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use serde::Deserialize;
+use tracer::{
+    binary::GoBinary,
+    process::StoppedChild,
+    session::Session,
+    stackgrowth::{
+        DutyCycle, GoSymbols, Mode, StackGrowthAggregator, StackGrowthOptions, StackGrowthProbes,
+        StackGrowthSummary, forget_process, site_counts,
+    },
+};
+
+use crate::support::{
+    GoToolchain, build_workload, go_matrix, newest_go, parse_report, require_root, run_traced,
+};
+
+/// The `GOSTW_REPORT` line of scripts/workloads/stackgrowth.
+#[derive(Debug, Deserialize)]
+struct StackReport {
+    deep_calls: u64,
+    deep_goroutines: u64,
+    peak_goroutines: u64,
+    num_gc: u64,
+}
+
+const DEEP: &str = "main.deep19k";
+const CALLER: &str = "main.task";
+
+/// Run the workload with `args` under the stack-growth probes of `mode`.
+fn trace(
+    go: &GoToolchain,
+    mode: Mode,
+    sample_hz: u64,
+    args: &[&str],
+) -> (StackGrowthSummary, StackReport) {
+    let path = build_workload("stackgrowth", go, "", &[]);
+    let binary = GoBinary::open(&path).unwrap();
+    let mut session = Session::new().unwrap();
+    let opts = StackGrowthOptions {
+        mode,
+        sample_hz,
+        duty: DutyCycle::ALWAYS,
+        exact_event_every: 16,
+    };
+    let probes = StackGrowthProbes::attach(session.programs(), &binary, opts)
+        .unwrap_or_else(|e| panic!("Go {}: attaching {mode:?}: {e:#}", go.version));
+    let mut ring = session.programs().take_events().unwrap();
+    let (pid, stdout) = run_traced(&mut session, &binary, args);
+    let mut agg = StackGrowthAggregator::new(mode);
+    while let Some(item) = ring.next() {
+        agg.add_event_bytes(&item).expect("a well-formed event");
+    }
+    probes.collect(session.programs(), pid, &mut agg).unwrap();
+    // The kernel's per-site rows of a finished process can be dropped.
+    forget_process(session.programs(), pid).unwrap();
+    assert!(site_counts(session.programs(), pid).unwrap().is_empty());
+    let report: StackReport = parse_report(&stdout);
+    let symbols = GoSymbols::new(&binary).unwrap();
+    let summary = agg.summary(&symbols, Some((report.peak_goroutines, "workload's peak")));
+    eprintln!(
+        "Go {} {mode:?} {args:?}: {report:?}\n{}",
+        go.version,
+        summary.render_text()
+    );
+    (summary, report)
+}
+
+/// Growths (exact) or samples (sampled) whose site is `function`.
+fn at(summary: &StackGrowthSummary, function: &str) -> u64 {
+    summary
+        .top_sites
+        .iter()
+        .filter(|s| s.site.function == function)
+        .map(|s| s.count)
+        .sum()
+}
+
+#[test]
+fn deep_function_is_the_top_site_and_32k_is_recommended() {
+    require_root();
+    let go = newest_go();
+    let (s, report) = trace(&go, Mode::Exact, 0, &["-mode", "batch", "-tasks", "20000"]);
+    assert!(s.growths > 0, "no growth counted");
+    let top = &s.top_sites[0];
+    assert_eq!(top.site.function, DEEP, "{s:#?}");
+    assert_eq!(top.caller.function, CALLER);
+    // Sites come with file:line from pclntab.
+    let file = top.site.file.as_deref().unwrap_or_default();
+    assert!(file.ends_with("stackgrowth/main.go"), "{:?}", top.site);
+    assert!(top.site.line.unwrap_or(0) > 0 && top.caller.line.unwrap_or(0) > 0);
+    // One growth per goroutine that ran deep19k, 2 KB -> 32 KB in one step.
+    assert_eq!(top.count, report.deep_goroutines);
+    assert_eq!(top.old_sizes.get(&2048), Some(&report.deep_goroutines));
+    assert_eq!(top.new_sizes.get(&32768), Some(&report.deep_goroutines));
+    // A sampled goroutine stack through the site, walked by frame pointers.
+    let stack: Vec<&str> = top
+        .example_stack
+        .iter()
+        .map(|f| f.function.as_str())
+        .collect();
+    assert_eq!(
+        stack[..3],
+        [DEEP, CALLER, "main.runBatch.func1"],
+        "{stack:?}"
+    );
+    assert!(s.events > 0);
+    assert_eq!(s.recommendation.starting_stack_bytes, Some(32 * 1024));
+    assert!(!s.recommendation.negligible);
+    assert!(s.copied_bytes > 0 && s.growths_per_sec.unwrap() > 0.0);
+}
+
+#[test]
+fn counts_equal_the_workload_on_every_go_version() {
+    require_root();
+    for go in go_matrix() {
+        let (s, report) = trace(&go, Mode::Exact, 0, &["-mode", "batch", "-tasks", "3000"]);
+        assert_eq!(report.deep_goroutines, 3000);
+        assert_eq!(
+            at(&s, DEEP),
+            report.deep_goroutines,
+            "Go {}: growths at {DEEP}",
+            go.version
+        );
+        assert_eq!(s.top_sites[0].caller.function, CALLER, "Go {}", go.version);
+        assert_eq!(s.recommendation.starting_stack_bytes, Some(32 * 1024));
+        let (s, report) = trace(
+            &go,
+            Mode::Exact,
+            0,
+            &["-mode", "pool", "-tasks", "3000", "-workers", "4"],
+        );
+        assert_eq!(report.deep_calls, 3000);
+        assert_eq!(at(&s, DEEP), report.deep_goroutines, "Go {}", go.version);
+        // However many of the 4 workers got a task.
+        assert!((1..=4).contains(&report.deep_goroutines), "{report:?}");
+        // The sampled mode reads g.atomicstatus, whose offset moves too.
+        let (s, _) = trace(
+            &go,
+            Mode::Sampled,
+            499,
+            &["-mode", "batch", "-duration", "1s"],
+        );
+        assert_eq!(s.top_sites[0].site.function, DEEP, "Go {}", go.version);
+    }
+}
+
+#[test]
+fn goroutine_per_batch_grows_a_worker_pool_does_not() {
+    require_root();
+    let go = newest_go();
+    let batch = ["-mode", "batch", "-tasks", "20000", "-duration", "2s"];
+    let pool = ["-mode", "pool", "-tasks", "20000", "-duration", "2s"];
+    // Default (sampled) mode: share of CPU time spent copying stacks.
+    let (sb, rb) = trace(&go, Mode::Sampled, 499, &batch);
+    let (sp, rp) = trace(&go, Mode::Sampled, 499, &pool);
+    assert_eq!(rb.deep_calls % 20000, 0);
+    assert!(rp.deep_calls >= rb.deep_calls / 4, "{rp:?}");
+    let (share_b, share_p) = (sb.cpu_share.unwrap(), sp.cpu_share.unwrap());
+    assert!(share_b > 0.05, "batch: {:.3}", share_b);
+    assert!(share_p < 0.01, "pool: {:.3}", share_p);
+    assert_eq!(sb.top_sites[0].site.function, DEEP);
+    assert!(!sb.recommendation.negligible);
+    assert!(sp.recommendation.negligible, "{:?}", sp.recommendation);
+    // Exact mode: one growth per task against one per worker.
+    let (eb, rb) = trace(&go, Mode::Exact, 0, &["-mode", "batch", "-tasks", "10000"]);
+    let (ep, rp) = trace(&go, Mode::Exact, 0, &["-mode", "pool", "-tasks", "10000"]);
+    assert_eq!(at(&eb, DEEP), 10000);
+    assert_eq!(at(&ep, DEEP), rp.deep_goroutines);
+    assert!(at(&ep, DEEP) <= 4, "{rb:?} {rp:?}");
+}
+
+#[test]
+fn preemption_is_not_growth() {
+    require_root();
+    let go = newest_go();
+    // Eight CPU-bound goroutines with tiny frames on two CPUs, preempted by
+    // the scheduler every 10 ms and by every GC's stop-the-world: each
+    // preemption enters runtime.newstack (stackguard0 = stackPreempt).
+    let args = ["-mode", "preempt", "-duration", "2s"];
+    let (s, r) = trace(&go, Mode::Exact, 0, &args);
+    assert!(r.num_gc >= 3, "{r:?}");
+    assert_eq!(at(&s, "main.shallow"), 0);
+    assert!(s.growths < 20, "{} growths", s.growths);
+    assert!(s.recommendation.negligible);
+    let (s, _) = trace(&go, Mode::Sampled, 499, &args);
+    assert!(s.cpu_samples > 100, "{} samples", s.cpu_samples);
+    assert!(s.cpu_share.unwrap() < 0.01, "{:?}", s.cpu_share);
+    assert!(s.recommendation.negligible);
+}
+
+#[test]
+fn sampled_and_exact_agree_on_the_top_site() {
+    require_root();
+    let go = newest_go();
+    let (exact, _) = trace(&go, Mode::Exact, 0, &["-mode", "batch", "-tasks", "10000"]);
+    // The sampled side through the command line, as an SRE runs it.
+    let path = build_workload("stackgrowth", &go, "", &[]);
+    let out = Command::new(env!("CARGO_BIN_EXE_gostw"))
+        .args(["stacks", "--json", "--sample-hz", "499", "--"])
+        .arg(&path)
+        .args(["-mode", "batch", "-duration", "3s"])
+        .output()
+        .expect("running gostw stacks");
+    assert!(
+        out.status.success(),
+        "gostw stacks failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json = stdout
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON summary in {stdout}"));
+    let sampled: serde_json::Value = serde_json::from_str(json).unwrap();
+    eprintln!("{sampled:#}");
+    assert_eq!(sampled["mode"], "sampled");
+    assert_eq!(sampled["top_sites"][0]["site"]["function"], DEEP);
+    assert_eq!(exact.top_sites[0].site.function, DEEP);
+    assert_eq!(
+        sampled["top_sites"][0]["caller"]["function"],
+        exact.top_sites[0].caller.function.as_str()
+    );
+    assert_eq!(sampled["recommendation"]["starting_stack_bytes"], 32768);
+    // The memory estimate is for the peak goroutine count (runtime.allglen:
+    // 64 per batch plus the runtime's own), not for all goroutines started.
+    let rec = &sampled["recommendation"];
+    assert_eq!(rec["goroutines_source"], "runtime.allglen: peak goroutines");
+    let n = rec["goroutines"].as_u64().unwrap();
+    assert!((65..1000).contains(&n), "{n} goroutines");
+}
+
+#[test]
+fn pie_and_stripped_binaries_are_probed_and_symbolized() {
+    require_root();
+    let go = newest_go();
+    let variants: [(&str, &[&str]); 2] = [
+        ("-pie", &["-buildmode=pie"]),
+        // No .symtab: copystack and the sites come from pclntab.
+        ("-stripped", &["-ldflags=-s -w"]),
+    ];
+    for (variant, build_args) in variants {
+        let path = build_workload("stackgrowth", &go, variant, build_args);
+        for mode in ["exact", "sampled"] {
+            let out = Command::new(env!("CARGO_BIN_EXE_gostw"))
+                .args(["stacks", "--json", "--exact-always", "--sample-hz", "499"])
+                .args(["--mode", mode, "--"])
+                .arg(&path)
+                .args(["-mode", "batch", "-duration", "1s"])
+                .output()
+                .expect("running gostw stacks");
+            assert!(
+                out.status.success(),
+                "{variant} {mode}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let json = stdout.lines().find(|l| l.starts_with('{')).unwrap();
+            let s: serde_json::Value = serde_json::from_str(json).unwrap();
+            let site = &s["top_sites"][0]["site"];
+            assert_eq!(site["function"], DEEP, "{variant} {mode}: {s:#}");
+            assert!(
+                site["file"].as_str().unwrap().ends_with("main.go"),
+                "{site}"
+            );
+            assert_eq!(
+                s["recommendation"]["starting_stack_bytes"], 32768,
+                "{variant} {mode}"
+            );
+        }
+    }
+}
+
+#[test]
+fn exact_mode_duty_cycle_reports_the_attached_share() {
+    require_root();
+    let go = newest_go();
+    let path = build_workload("stackgrowth", &go, "", &[]);
+    let binary = GoBinary::open(&path).unwrap();
+    let mut session = Session::new().unwrap();
+    let opts = StackGrowthOptions {
+        mode: Mode::Exact,
+        duty: DutyCycle {
+            on: Duration::from_millis(300),
+            period: Duration::from_secs(2),
+            max_events: u64::MAX,
+        },
+        ..Default::default()
+    };
+    let mut probes = StackGrowthProbes::attach(session.programs(), &binary, opts).unwrap();
+    let stopped = StoppedChild::spawn(
+        binary.path.as_os_str(),
+        &["-mode", "batch", "-duration", "4s"].map(std::ffi::OsStr::new),
+        |cmd| {
+            cmd.stdout(Stdio::piped());
+        },
+    )
+    .unwrap();
+    let pid = stopped.pid();
+    session.trace_process(pid, &binary).unwrap();
+    probes.watch(pid);
+    let mut child = stopped.resume().unwrap();
+    while child.try_wait().unwrap().is_none() {
+        std::thread::sleep(Duration::from_millis(20));
+        probes.tick(session.programs()).unwrap();
+    }
+    let mut agg = StackGrowthAggregator::new(Mode::Exact);
+    probes.collect(session.programs(), pid, &mut agg).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let report: StackReport = parse_report(&String::from_utf8_lossy(&out.stdout));
+    let s = agg.summary(&GoSymbols::new(&binary).unwrap(), None);
+    eprintln!("{report:?}\n{}", s.render_text());
+    // 300 ms out of every 2 s, over a ~4 s run; detaching a uprobe takes
+    // 100 ms or more here (more under load), and that time counts as
+    // attached.
+    assert!(
+        (0.05..0.6).contains(&s.attached_fraction),
+        "attached {:.2} of the time",
+        s.attached_fraction
+    );
+    // Only the growths of the attached windows were seen, all at deep19k.
+    let seen = at(&s, DEEP);
+    assert!(
+        seen > 0 && seen < report.deep_goroutines,
+        "{seen} of {report:?}"
+    );
+    // Rates are per attached second, not diluted by the detached time.
+    let per_elapsed = s.growths as f64 / s.elapsed_secs;
+    let scaled = per_elapsed / s.attached_fraction;
+    assert!((s.growths_per_sec.unwrap() / scaled - 1.0).abs() < 0.01);
+    assert!(s.growths_per_sec.unwrap() > 1.5 * per_elapsed);
+}
