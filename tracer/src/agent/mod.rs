@@ -1,0 +1,298 @@
+//! `gostw agent`: one per host, for weeks. Finds Go processes (a `/proc` diff
+//! every poll interval), attaches once per executable, traces every process
+//! of it, detaches when the last one exits, and serves what it saw as
+//! Prometheus metrics.
+//!
+//! Stages: discovery (`/proc` diff) -> tracker (attach/trace/detach) ->
+//! observations from the tracing pipeline (`observe::Observer`) -> metrics ->
+//! HTTP server (its own thread).
+
+pub mod discovery;
+pub mod kernel;
+pub mod labels;
+pub mod metrics;
+pub mod observe;
+pub mod server;
+pub mod tracker;
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::Context as _;
+use regex::Regex;
+
+use self::{
+    discovery::{Discovery, Filter, ProcFs},
+    kernel::EbpfKernel,
+    metrics::Metrics,
+    observe::{FaultObservation, Observer, PauseObservation, StackGrowthObservation},
+    tracker::{Limits, Tracker},
+};
+use crate::ebpf::Programs;
+
+/// `gostw agent` options.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Address to serve /metrics and /healthz on.
+    #[arg(long, default_value = "127.0.0.1:9477")]
+    pub listen: SocketAddr,
+    /// Only trace processes whose executable path or command name matches.
+    #[arg(long = "match", value_name = "REGEX", value_parser = parse_regex)]
+    pub name: Option<Regex>,
+    /// Only trace processes in this cgroup or below (e.g. /kubepods.slice).
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
+    /// How often /proc is compared with the previous poll (new processes are
+    /// traced at most this long after they start). E.g. 500ms, 1s, 2m.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+    /// Executables traced at once; more are counted as attach failures.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_executables: u32,
+    /// Distinct (executable, container) label sets at once; more share the
+    /// container label "_overflow".
+    #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_label_sets: u32,
+}
+
+fn parse_regex(s: &str) -> Result<Regex, String> {
+    Regex::new(s).map_err(|e| format!("not a valid regular expression: {e}"))
+}
+
+/// "250ms", "1s", "1.5s", "2m": between 10 ms and 1 hour.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("{s:?} has no unit: write e.g. 500ms, 1s or 2m"))?;
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} does not start with a number"))?;
+    let secs = match unit {
+        "ms" => n / 1e3,
+        "s" => n,
+        "m" => n * 60.0,
+        _ => return Err(format!("unknown unit {unit:?} in {s:?}: use ms, s or m")),
+    };
+    if !(0.01..=3600.0).contains(&secs) {
+        return Err(format!("{s} is outside 10ms..1h"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// How often the loop wakes between polls (kernel counters, shutdown).
+const TICK: Duration = Duration::from_millis(100);
+
+/// The agent's state on its main thread.
+pub struct Agent<K: tracker::Kernel> {
+    discovery: Discovery,
+    tracker: Tracker<K>,
+    metrics: Arc<Metrics>,
+}
+
+impl<K: tracker::Kernel> Agent<K> {
+    pub fn new(filter: Filter, kernel: K, limits: Limits, metrics: Arc<Metrics>) -> Agent<K> {
+        Agent {
+            discovery: Discovery::new(filter),
+            tracker: Tracker::new(kernel, limits),
+            metrics,
+        }
+    }
+
+    /// One `/proc` diff: trace what started, forget what exited.
+    pub fn poll(&mut self, proc: &ProcFs) -> anyhow::Result<()> {
+        let changes = self.discovery.poll(proc).context("reading /proc")?;
+        for pid in changes.exited {
+            self.tracker.exited(pid, &self.metrics);
+        }
+        for p in &changes.started {
+            self.tracker
+                .started(p, &proc.exe_link(p.pid), &self.metrics);
+        }
+        self.tracker.poll_counts(&self.metrics);
+        self.metrics.proc_known.set(self.discovery.known() as i64);
+        Ok(())
+    }
+
+    pub fn tracker(&mut self) -> &mut Tracker<K> {
+        &mut self.tracker
+    }
+
+    /// Detach everything.
+    pub fn shutdown(&mut self) {
+        self.tracker.shutdown(&self.metrics);
+    }
+}
+
+/// Observations of a pid the agent no longer (or not yet) traces are counted
+/// as lost, not attributed to another process.
+impl<K: tracker::Kernel> Observer for Agent<K> {
+    fn pause(&mut self, pid: u32, pause: &PauseObservation) {
+        match self.tracker.labels(pid) {
+            Some(l) => self.metrics.pause(l, pause),
+            None => self.metrics.events_lost("unattributed", 1),
+        }
+    }
+
+    fn fault(&mut self, pid: u32, fault: &FaultObservation) {
+        match self.tracker.labels(pid) {
+            Some(l) => self.metrics.fault(l, fault),
+            None => self.metrics.events_lost("unattributed", 1),
+        }
+    }
+
+    fn stack_growth(&mut self, pid: u32, growth: &StackGrowthObservation) {
+        match self.tracker.labels(pid) {
+            Some(l) => self.metrics.stack_growth(l, growth),
+            None => self.metrics.events_lost("unattributed", 1),
+        }
+    }
+
+    fn stop_the_world_entries(&mut self, pid: u32, n: u64) {
+        if let Some(l) = self.tracker.labels(pid) {
+            self.metrics.stop_the_world_entries(l, n);
+        }
+    }
+}
+
+/// Kernel health counters: the agent exports deltas of the summed values.
+#[derive(Default)]
+struct KernelCounters {
+    last: Vec<u64>,
+}
+
+impl KernelCounters {
+    fn update(&mut self, programs: &Programs, metrics: &Metrics) {
+        let Ok(now) = programs.counters() else {
+            return;
+        };
+        self.last.resize(now.len(), 0);
+        for (i, (counter, value)) in now.into_iter().enumerate() {
+            let delta = value.saturating_sub(self.last[i]);
+            self.last[i] = value;
+            if delta > 0 {
+                metrics.bpf_error(counter.name(), delta);
+                if counter == tracer_common::counters::Counter::RingbufFull {
+                    metrics.events_lost("ringbuf_full", delta);
+                }
+            }
+        }
+    }
+}
+
+/// Run the agent until SIGINT or SIGTERM.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    // Bind first: a port in use fails before anything touches the kernel.
+    let listener = server::bind(args.listen)?;
+    let addr = listener.local_addr()?;
+    let programs = Programs::load()?;
+    let metrics = Arc::new(Metrics::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (server_done_tx, server_done_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = {
+        let (metrics, stop) = (metrics.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("gostw-http".into())
+            .spawn(move || -> anyhow::Result<()> {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .context("starting the HTTP runtime")?;
+                let stop2 = stop.clone();
+                let result = rt.block_on(async move {
+                    let shutdown = async move {
+                        tokio::select! {
+                            _ = wait_for_signal() => {}
+                            _ = server_done_rx => {}
+                        }
+                        stop2.store(true, Ordering::SeqCst);
+                    };
+                    server::serve(listener, metrics, shutdown).await
+                });
+                stop.store(true, Ordering::SeqCst);
+                result
+            })
+            .context("starting the HTTP thread")?
+    };
+    eprintln!(
+        "gostw agent: serving http://{addr}/metrics; polling /proc every {:?}",
+        args.poll_interval
+    );
+    let filter = Filter {
+        name: args.name,
+        cgroup: args.cgroup,
+    };
+    let limits = Limits {
+        max_executables: args.max_executables as usize,
+        max_label_sets: args.max_label_sets as usize,
+        ..Limits::default()
+    };
+    let mut agent = Agent::new(filter, EbpfKernel::new(programs), limits, metrics.clone());
+    let proc = ProcFs::new("/proc");
+    let mut counters = KernelCounters::default();
+    let mut result = Ok(());
+    let mut next_poll = Instant::now();
+    while !stop.load(Ordering::SeqCst) {
+        if Instant::now() >= next_poll {
+            let started = Instant::now();
+            if let Err(e) = agent.poll(&proc) {
+                result = Err(e);
+                break;
+            }
+            counters.update(agent.tracker().kernel().programs(), &metrics);
+            metrics
+                .poll_duration
+                .observe(started.elapsed().as_secs_f64());
+            metrics.last_poll_unix_seconds.set(
+                SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64()),
+            );
+            next_poll = started + args.poll_interval;
+        }
+        std::thread::sleep(TICK.min(next_poll.saturating_duration_since(Instant::now())));
+    }
+    agent.shutdown();
+    let _ = server_done_tx.send(());
+    let served = server
+        .join()
+        .map_err(|_| anyhow::anyhow!("the HTTP thread panicked"))?;
+    eprintln!("gostw agent: stopped");
+    result.and(served)
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        // Without signal handlers the default action still ends the process.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        for bad in ["1", "s", "1h", "0ms", "5ms", "2d", "-1s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}
