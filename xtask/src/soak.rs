@@ -94,6 +94,43 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+    step("discovery latency: Go process started -> traced (10 runs)");
+    let mut latencies = Vec::new();
+    for _ in 0..10 {
+        let mut probe = Children::default();
+        let t0 = Instant::now();
+        probe.0.push(
+            Command::new(&bins[0])
+                .args(["-duration", "3s", "-gc", "0", "-alloc-mb", "1"])
+                .stdout(Stdio::null())
+                .spawn()
+                .context("starting a workload")?,
+        );
+        let traced = |n: f64| {
+            metrics(port)
+                .and_then(|m| metric_value(&m, "gostw_agent_processes_traced"))
+                .is_some_and(|v| v == n)
+        };
+        while !traced(1.0) {
+            if t0.elapsed() > Duration::from_secs(10) {
+                bail!("a new Go process was not traced within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        latencies.push(t0.elapsed());
+        drop(probe);
+        while !traced(0.0) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    latencies.sort();
+    println!(
+        "discovery latency (poll interval 1s): min {:.0?}, median {:.0?}, max {:.0?}",
+        latencies[0],
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() - 1]
+    );
+    let started = Instant::now();
     step(&format!(
         "soak for {} min: Go processes start and exit while the agent runs (pid {agent_pid})",
         opts.minutes

@@ -359,6 +359,31 @@ fn agent_exports_go_processes_to_prometheus() {
     );
     assert_eq!(query(prom_port, &older_series).len(), 1);
     assert_eq!(http_get(agent_port, "/healthz").map(|r| r.0), Some(200));
+
+    // Every query of the Grafana dashboard parses and evaluates.
+    let dashboard: Value = serde_json::from_str(
+        &fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/gostw-dashboard.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$executable", ".*")
+                .replace("$container", ".*")
+                .replace("$__rate_interval", "1m");
+            let (status, body) = http_get(
+                prom_port,
+                &format!("/api/v1/query?query={}", url_encode(&expr)),
+            )
+            .unwrap();
+            assert_eq!(status, 200, "{expr}: {body}");
+        }
+    }
 }
 
 /// A process that is gone by the time its executable is attached is a
