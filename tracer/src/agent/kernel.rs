@@ -140,6 +140,7 @@ impl Kernel for EbpfKernel {
             .programs
             .untrace(pid)
             .and_then(|()| self.programs.forget_probe_hits(pid))
+            .and_then(|()| self.programs.forget_pause_window(pid))
         {
             log::warn!("forgetting pid {pid}: {e:#}");
         }

@@ -274,7 +274,7 @@ impl Metrics {
         );
         a.register(
             "events_lost",
-            "Events lost: ring buffer full in the kernel, undecodable, or of no traced process",
+            "Events lost: ring buffer full in the kernel, undecodable, of a kind the agent does not handle, or of no traced process",
             m.events_lost.clone(),
         );
         a.register(
@@ -459,7 +459,8 @@ impl Metrics {
 }
 
 /// Stages where an event can be lost, for `gostw_agent_events_lost_total`.
-pub const EVENT_LOSS_STAGES: [&str; 3] = ["ringbuf_full", "undecodable", "unattributed"];
+pub const EVENT_LOSS_STAGES: [&str; 4] =
+    ["ringbuf_full", "undecodable", "unhandled", "unattributed"];
 
 fn backing_label(b: Backing) -> &'static str {
     match b {

@@ -8,6 +8,7 @@
 //! HTTP server (its own thread).
 
 pub mod discovery;
+pub mod events;
 pub mod kernel;
 pub mod labels;
 pub mod metrics;
@@ -29,6 +30,7 @@ use regex::Regex;
 
 use self::{
     discovery::{Discovery, Filter, ProcFs},
+    events::EventStage,
     kernel::EbpfKernel,
     metrics::Metrics,
     observe::{FaultObservation, Observer, PauseObservation, StackGrowthObservation},
@@ -65,28 +67,18 @@ fn parse_regex(s: &str) -> Result<Regex, String> {
     Regex::new(s).map_err(|e| format!("not a valid regular expression: {e}"))
 }
 
-/// "250ms", "1s", "1.5s", "2m": between 10 ms and 1 hour.
+/// A poll interval: "250ms", "1s", "2m" (`units::parse_duration`), between
+/// 10 ms and 1 hour.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("{s:?} has no unit: write e.g. 500ms, 1s or 2m"))?;
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} does not start with a number"))?;
-    let secs = match unit {
-        "ms" => n / 1e3,
-        "s" => n,
-        "m" => n * 60.0,
-        _ => return Err(format!("unknown unit {unit:?} in {s:?}: use ms, s or m")),
-    };
-    if !(0.01..=3600.0).contains(&secs) {
+    let d = crate::units::parse_duration(s)?;
+    if !(Duration::from_millis(10)..=Duration::from_secs(3600)).contains(&d) {
         return Err(format!("{s} is outside 10ms..1h"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(d)
 }
 
-/// How often the loop wakes between polls (kernel counters, shutdown).
+/// How often the loop wakes between polls to read events (the 4 MiB ring
+/// buffer holds far more than 100 ms of pauses) and check for shutdown.
 const TICK: Duration = Duration::from_millis(100);
 
 /// The agent's state on its main thread.
@@ -233,12 +225,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_label_sets: args.max_label_sets as usize,
         ..Limits::default()
     };
+    let mut programs = programs;
+    let mut ring = programs.take_events()?;
+    let stage = EventStage::default();
     let mut agent = Agent::new(filter, EbpfKernel::new(programs), limits, metrics.clone());
     let proc = ProcFs::new("/proc");
     let mut counters = KernelCounters::default();
     let mut result = Ok(());
     let mut next_poll = Instant::now();
     while !stop.load(Ordering::SeqCst) {
+        // Events first, so the pauses of a process that just exited are
+        // attributed before the poll forgets it.
+        while let Some(raw) = ring.next() {
+            stage.handle(&raw, &mut agent, &metrics);
+        }
         if Instant::now() >= next_poll {
             let started = Instant::now();
             if let Err(e) = agent.poll(&proc) {
@@ -257,6 +257,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             next_poll = started + args.poll_interval;
         }
         std::thread::sleep(TICK.min(next_poll.saturating_duration_since(Instant::now())));
+    }
+    while let Some(raw) = ring.next() {
+        stage.handle(&raw, &mut agent, &metrics);
     }
     agent.shutdown();
     let _ = server_done_tx.send(());
@@ -291,7 +294,7 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        for bad in ["1", "s", "1h", "0ms", "5ms", "2d", "-1s"] {
+        for bad in ["1", "s", "2h", "0", "5ms", "2d", "-1s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }

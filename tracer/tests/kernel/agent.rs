@@ -286,6 +286,26 @@ fn agent_exports_go_processes_to_prometheus() {
         });
         eprintln!("{labels} {n}");
         assert_eq!(labels["job"], "gostw");
+        // The pipeline's pause records: durations by reason. The workload
+        // forces GCs, so both GC reasons are there.
+        let promql = format!(
+            r#"sum by (reason) (gostw_pause_duration_seconds_count{{executable="stw",go_version="go{}"}})"#,
+            go.version
+        );
+        let reasons = wait_until(&promql, Duration::from_secs(30), || {
+            let r = query(prom_port, &promql);
+            (r.len() >= 2).then_some(r)
+        });
+        for (l, n) in &reasons {
+            eprintln!("  pauses {l} {n}");
+            assert!(*n > 0.0);
+        }
+        for reason in ["gc_mark_termination", "gc_sweep_termination"] {
+            assert!(
+                reasons.iter().any(|(l, _)| l["reason"] == reason),
+                "no {reason} pauses: {reasons:?}"
+            );
+        }
         assert!(!labels["build_id"].as_str().unwrap().is_empty(), "{labels}");
         assert!(labels.get("pid").is_none(), "no per-pid label: {labels}");
     }
@@ -420,6 +440,8 @@ fn agent_fails(args: &[&str]) -> String {
 fn bad_agent_options_fail_with_a_clear_message() {
     let e = agent_fails(&["--poll-interval", "5x"]);
     assert!(e.contains("unknown unit"), "{e}");
+    let e = agent_fails(&["--poll-interval", "1ms"]);
+    assert!(e.contains("outside 10ms..1h"), "{e}");
     let e = agent_fails(&["--listen", "nowhere"]);
     assert!(e.contains("--listen"), "{e}");
     let e = agent_fails(&["--match", "(unclosed"]);
