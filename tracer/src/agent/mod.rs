@@ -98,8 +98,16 @@ impl<K: tracker::Kernel> Agent<K> {
     }
 
     /// One `/proc` diff: trace what started, forget what exited.
-    pub fn poll(&mut self, proc: &ProcFs) -> anyhow::Result<()> {
+    /// `before_exits` runs between the diff and forgetting the exited
+    /// processes: a process's events are in the ring buffer before /proc
+    /// shows it gone, so reading them there attributes its last pauses.
+    pub fn poll(
+        &mut self,
+        proc: &ProcFs,
+        before_exits: impl FnOnce(&mut Self),
+    ) -> anyhow::Result<()> {
         let changes = self.discovery.poll(proc).context("reading /proc")?;
+        before_exits(self);
         for pid in changes.exited {
             self.tracker.exited(pid, &self.metrics);
         }
@@ -233,15 +241,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut counters = KernelCounters::default();
     let mut result = Ok(());
     let mut next_poll = Instant::now();
-    while !stop.load(Ordering::SeqCst) {
-        // Events first, so the pauses of a process that just exited are
-        // attributed before the poll forgets it.
+    let mut drain = |agent: &mut Agent<EbpfKernel>| {
         while let Some(raw) = ring.next() {
-            stage.handle(&raw, &mut agent, &metrics);
+            stage.handle(&raw, agent, &metrics);
         }
+    };
+    while !stop.load(Ordering::SeqCst) {
+        drain(&mut agent);
         if Instant::now() >= next_poll {
             let started = Instant::now();
-            if let Err(e) = agent.poll(&proc) {
+            if let Err(e) = agent.poll(&proc, &mut drain) {
                 result = Err(e);
                 break;
             }
@@ -258,9 +267,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         std::thread::sleep(TICK.min(next_poll.saturating_duration_since(Instant::now())));
     }
-    while let Some(raw) = ring.next() {
-        stage.handle(&raw, &mut agent, &metrics);
-    }
+    drain(&mut agent);
     agent.shutdown();
     let _ = server_done_tx.send(());
     let served = server
