@@ -81,7 +81,19 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     agent.0.push(
         Command::new(workspace_root().join("target/release/gostw"))
             .args(["agent", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--match", "go-workloads/", "--poll-interval", "1s"])
+            // Only this checkout's workloads: other checkouts' tests on the
+            // same host must not pay for uprobes.
+            .arg("--match")
+            .arg(format!(
+                "^{}/",
+                regex_escape(
+                    &workspace_root()
+                        .join("target/go-workloads")
+                        .display()
+                        .to_string()
+                )
+            ))
+            .args(["--poll-interval", "1s"])
             .stdout(Stdio::null())
             .spawn()
             .context("starting gostw agent")?,
@@ -229,6 +241,18 @@ fn verdict(samples: &[(f64, u64)]) -> String {
             "MEMORY GROWS"
         }
     )
+}
+
+/// `s` with the regular expression metacharacters escaped.
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$#&-~".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 fn proc_file(pid: u32, file: &str) -> anyhow::Result<String> {

@@ -249,7 +249,15 @@ fn agent_exports_go_processes_to_prometheus() {
     let mut procs = Procs::new("agent");
     let fake = fake_go_binary(&procs.dir);
     let agent_port = free_port();
-    let agent_log = start_agent(&mut procs, agent_port, "go-workloads/|gostw-agent-");
+    // Only this test's programs: other checkouts' tests on the same host
+    // must not pay for uprobes.
+    let workloads = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/go-workloads");
+    let matching = format!(
+        "^({}|{})/",
+        regex::escape(&workloads.canonicalize().unwrap().display().to_string()),
+        regex::escape(&procs.dir.display().to_string())
+    );
+    let agent_log = start_agent(&mut procs, agent_port, &matching);
     let prom_port = start_prometheus(&mut procs, agent_port);
 
     let args = [
