@@ -103,8 +103,9 @@ impl Kernel for EbpfKernel {
                 failed(FailureReason::Attach, format!("{e:#}"))
             }
         })?;
-        let build_id = std::fs::read(path)
-            .map(|data| labels::short_build_id(&data))
+        let build_id = binary
+            .build_id()
+            .map(labels::short_build_id)
             .unwrap_or_default();
         let code = binary.version.code();
         Ok(Attached {
