@@ -35,6 +35,9 @@ pub trait ProcSource {
     /// Start time in clock ticks since boot (`/proc/PID/stat` field 22): a
     /// reused pid has a different one.
     fn start_time(&self, pid: u32) -> io::Result<u64>;
+    /// A path to the executable that this process can open and attach to
+    /// whatever mount namespace the target runs in.
+    fn exe_link(&self, pid: u32) -> PathBuf;
 }
 
 /// The real `/proc` (or another procfs mount, e.g. the host's in a container).
@@ -49,12 +52,6 @@ impl ProcFs {
 
     fn path(&self, pid: u32, file: &str) -> PathBuf {
         self.root.join(pid.to_string()).join(file)
-    }
-
-    /// Path of the process's executable that any process of this host can
-    /// open (the kernel follows it into the process's mount namespace).
-    pub fn exe_link(&self, pid: u32) -> PathBuf {
-        self.path(pid, "exe")
     }
 }
 
@@ -95,6 +92,12 @@ impl ProcSource for ProcFs {
         let stat = fs::read_to_string(self.path(pid, "stat"))?;
         parse_start_time(&stat)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed stat"))
+    }
+
+    /// The kernel follows `/proc/PID/exe` into the process's own mount
+    /// namespace, so this reaches binaries inside containers too.
+    fn exe_link(&self, pid: u32) -> PathBuf {
+        self.path(pid, "exe")
     }
 }
 
@@ -317,6 +320,9 @@ pub mod tests {
         fn start_time(&self, pid: u32) -> io::Result<u64> {
             Ok(self.get(pid)?.start_time)
         }
+        fn exe_link(&self, pid: u32) -> PathBuf {
+            self.exe_path(pid).unwrap_or_default()
+        }
     }
 
     fn pids(c: &[NewProcess]) -> Vec<u32> {
@@ -409,6 +415,27 @@ pub mod tests {
         d.poll(&proc).unwrap();
         proc.exit(11);
         assert!(d.poll(&proc).unwrap().exited.is_empty());
+    }
+
+    #[test]
+    fn the_real_proc_describes_this_process() {
+        let proc = ProcFs::new("/proc");
+        let me = std::process::id();
+        assert!(proc.pids().unwrap().contains(&me));
+        assert!(proc.start_time(me).unwrap() > 0);
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(proc.exe_path(me).unwrap(), exe);
+        let meta = fs::metadata(&exe).unwrap();
+        assert_eq!(
+            proc.exe_id(me).unwrap(),
+            ExeId {
+                dev: meta.dev(),
+                ino: meta.ino()
+            }
+        );
+        assert!(!proc.comm(me).unwrap().is_empty());
+        assert!(proc.cgroup(me).unwrap().contains(':'));
+        assert!(proc.start_time(u32::MAX).is_err());
     }
 
     #[test]

@@ -29,7 +29,7 @@ use anyhow::Context as _;
 use regex::Regex;
 
 use self::{
-    discovery::{Discovery, Filter, ProcFs},
+    discovery::{Discovery, Filter, ProcFs, ProcSource},
     events::EventStage,
     kernel::EbpfKernel,
     metrics::Metrics,
@@ -103,7 +103,7 @@ impl<K: tracker::Kernel> Agent<K> {
     /// shows it gone, so reading them there attributes its last pauses.
     pub fn poll(
         &mut self,
-        proc: &ProcFs,
+        proc: &impl ProcSource,
         before_exits: impl FnOnce(&mut Self),
     ) -> anyhow::Result<()> {
         let changes = self.discovery.poll(proc).context("reading /proc")?;
@@ -295,6 +295,62 @@ async fn wait_for_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::{discovery::tests::FakeProc, tracker::tests::FakeKernel};
+
+    fn text(m: &Metrics) -> String {
+        let mut s = String::new();
+        prometheus_client::encoding::text::encode(&mut s, m.registry()).unwrap();
+        s
+    }
+
+    const GC: PauseObservation = PauseObservation {
+        reason: "gc_mark_termination",
+        duration_ns: 30_000,
+        major_faults: 0,
+    };
+
+    /// /proc snapshots in, series out: a process's last pause, read between
+    /// the diff and forgetting it, still counts; then its series go.
+    #[test]
+    fn processes_come_and_go_through_the_whole_agent() {
+        let metrics = Arc::new(Metrics::new());
+        let proc = FakeProc::default();
+        let mut agent = Agent::new(
+            Filter::default(),
+            FakeKernel::default(),
+            Limits::default(),
+            metrics.clone(),
+        );
+        proc.start(10, 1, 100, "/srv/api");
+        proc.start(11, 1, 100, "/srv/api");
+        proc.start(12, 1, 200, "/bin/bash");
+        agent.poll(&proc, |_| {}).unwrap();
+        assert_eq!(metrics.processes_traced.get(), 2);
+        agent.pause(10, &GC);
+        proc.exit(10);
+        proc.exit(11);
+        agent
+            .poll(&proc, |a| {
+                // The last pause of pid 11, read after the diff saw it exit.
+                a.pause(11, &GC);
+            })
+            .unwrap();
+        assert_eq!(metrics.processes_traced.get(), 0);
+        assert_eq!(metrics.live_label_sets(), 0);
+        let t = text(&metrics);
+        assert!(
+            !t.contains("/srv/api") && !t.contains("executable=\"api\""),
+            "{t}"
+        );
+        assert!(
+            t.contains("gostw_agent_events_lost_total{stage=\"unattributed\"} 0"),
+            "{t}"
+        );
+        // After that, a pause of the forgotten pid is counted as lost.
+        agent.pause(11, &GC);
+        assert!(text(&metrics).contains("gostw_agent_events_lost_total{stage=\"unattributed\"} 1"));
+        assert_eq!(agent.tracker().kernel().detaches, [1]);
+    }
 
     #[test]
     fn durations() {

@@ -311,21 +311,21 @@ impl<K: Kernel> Tracker<K> {
 }
 
 #[cfg(test)]
-mod tests {
+pub mod tests {
     use std::path::PathBuf;
 
     use super::*;
 
     /// Records what the tracker asked of the kernel.
     #[derive(Default)]
-    struct FakeKernel {
-        attaches: Vec<PathBuf>,
-        detaches: Vec<u32>,
-        traced: HashSet<u32>,
-        untraced: Vec<u32>,
-        entries: HashMap<u32, u64>,
-        next_probe: u32,
-        fail_trace: bool,
+    pub struct FakeKernel {
+        pub attaches: Vec<PathBuf>,
+        pub detaches: Vec<u32>,
+        pub traced: HashSet<u32>,
+        pub untraced: Vec<u32>,
+        pub entries: HashMap<u32, u64>,
+        pub next_probe: u32,
+        pub fail_trace: bool,
     }
 
     impl Kernel for FakeKernel {
