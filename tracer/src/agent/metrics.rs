@@ -158,6 +158,7 @@ pub struct Metrics {
     bpf_errors: Family<CounterLabel, Counter>,
     events_lost: Family<StageLabel, Counter>,
     pub label_sets_overflowed: Counter,
+    pub exec_notifications: Counter,
     pub scrape_duration: Histogram,
     pub poll_duration: Histogram,
     pub last_poll_unix_seconds: Gauge<f64, AtomicU64>,
@@ -191,6 +192,7 @@ impl Metrics {
             bpf_errors: Family::default(),
             events_lost: Family::default(),
             label_sets_overflowed: Counter::default(),
+            exec_notifications: Counter::default(),
             scrape_duration: Histogram::new([1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2, 0.1]),
             poll_duration: Histogram::new([1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0]),
             last_poll_unix_seconds: Gauge::default(),
@@ -281,6 +283,11 @@ impl Metrics {
             "label_sets_overflowed",
             "Processes whose labels were replaced by _overflow (label set limit)",
             m.label_sets_overflowed.clone(),
+        );
+        a.register(
+            "exec_notifications",
+            "Execs reported by the kernel's process events connector (stays 0 where it is unavailable: discovery is then by polling alone)",
+            m.exec_notifications.clone(),
         );
         a.register_with_unit(
             "scrape_duration",

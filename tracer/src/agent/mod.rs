@@ -9,6 +9,7 @@
 
 pub mod discovery;
 pub mod events;
+pub mod exec_events;
 pub mod kernel;
 pub mod labels;
 pub mod metrics;
@@ -80,6 +81,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// How often the loop wakes between polls to read events (the 4 MiB ring
 /// buffer holds far more than 100 ms of pauses) and check for shutdown.
 const TICK: Duration = Duration::from_millis(100);
+
+/// Shortest time between two polls that exec notifications trigger (their
+/// cost is bounded on a host that starts many programs).
+const EXEC_POLL_GAP: Duration = Duration::from_millis(100);
 
 /// The agent's state on its main thread.
 pub struct Agent<K: tracker::Kernel> {
@@ -241,6 +246,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut counters = KernelCounters::default();
     let mut result = Ok(());
     let mut next_poll = Instant::now();
+    let mut last_poll = Instant::now();
+    let mut execs = match exec_events::watch() {
+        Ok(rx) => Some(rx),
+        Err(e) => {
+            log::info!(
+                "no exec notifications ({e}): new processes are found by polling every {:?}",
+                args.poll_interval
+            );
+            None
+        }
+    };
     let mut drain = |agent: &mut Agent<EbpfKernel>| {
         while let Some(raw) = ring.next() {
             stage.handle(&raw, agent, &metrics);
@@ -263,9 +279,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     .duration_since(SystemTime::UNIX_EPOCH)
                     .map_or(0.0, |d| d.as_secs_f64()),
             );
+            last_poll = started;
             next_poll = started + args.poll_interval;
         }
-        std::thread::sleep(TICK.min(next_poll.saturating_duration_since(Instant::now())));
+        let wait = TICK.min(next_poll.saturating_duration_since(Instant::now()));
+        match execs.as_ref().map(|rx| rx.recv_timeout(wait)) {
+            Some(Ok(_)) => {
+                let n = 1 + execs.as_ref().map_or(0, |rx| rx.try_iter().count());
+                metrics.exec_notifications.inc_by(n as u64);
+                // A program started: poll now, but not more often than
+                // EXEC_POLL_GAP however many programs a host starts.
+                next_poll = next_poll.min(last_poll + EXEC_POLL_GAP);
+            }
+            Some(Err(std::sync::mpsc::RecvTimeoutError::Timeout)) => {}
+            Some(Err(std::sync::mpsc::RecvTimeoutError::Disconnected)) => execs = None,
+            None => std::thread::sleep(wait),
+        }
     }
     drain(&mut agent);
     agent.shutdown();

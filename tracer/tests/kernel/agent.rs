@@ -414,6 +414,51 @@ fn agent_exports_go_processes_to_prometheus() {
     }
 }
 
+/// With exec notifications from the kernel, a new Go process is traced long
+/// before the next poll (60 s here).
+#[test]
+fn exec_notifications_trace_new_processes_before_the_next_poll() {
+    require_root();
+    let bin = build_workload("stw", &newest_go(), "", &[]);
+    let mut procs = Procs::new("agent-exec");
+    let port = free_port();
+    let matching = format!(
+        "^{}$",
+        regex::escape(&bin.canonicalize().unwrap().display().to_string())
+    );
+    let log = fs::File::create(procs.dir.join("agent.log")).unwrap();
+    procs.spawn(
+        "gostw agent",
+        Command::new(GOSTW)
+            .args(["agent", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--match", &matching, "--poll-interval", "60s"])
+            .stdout(Stdio::null())
+            .stderr(log),
+    );
+    let metric = |name: &str| -> Option<f64> {
+        let (_, body) = http_get(port, "/metrics")?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    };
+    wait_until("the agent's first poll", Duration::from_secs(30), || {
+        metric("gostw_agent_last_poll_timestamp_seconds").filter(|t| *t > 0.0)
+    });
+    let started = Instant::now();
+    procs.spawn(
+        "stw",
+        Command::new(&bin)
+            .args(["-duration", "30s", "-gc", "1", "-alloc-mb", "4"])
+            .stdout(Stdio::null()),
+    );
+    wait_until(
+        "the new process to be traced",
+        Duration::from_secs(15),
+        || metric("gostw_agent_processes_traced").filter(|n| *n == 1.0),
+    );
+    eprintln!("traced {:?} after it started", started.elapsed());
+    assert!(metric("gostw_agent_exec_notifications_total").unwrap() >= 1.0);
+}
+
 /// A process that is gone by the time its executable is attached is a
 /// "process_gone" failure (not an analysis failure that would blacklist the
 /// executable).
