@@ -136,8 +136,12 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         }
     }
     latencies.sort();
+    let notified = metrics(port)
+        .and_then(|m| metric_value(&m, "gostw_agent_exec_notifications_total"))
+        .unwrap_or(0.0);
     println!(
-        "discovery latency (poll interval 1s): min {:.0?}, median {:.0?}, max {:.0?}",
+        "discovery latency (poll interval 1s, exec notifications {}): min {:.0?}, median {:.0?}, max {:.0?}",
+        if notified > 0.0 { "on" } else { "off" },
         latencies[0],
         latencies[latencies.len() / 2],
         latencies[latencies.len() - 1]
