@@ -7,7 +7,10 @@ use anyhow::{Context as _, bail};
 use aya::{
     Ebpf,
     maps::{HashMap, PerCpuArray, PerCpuHashMap},
-    programs::{UProbe, uprobe::UProbeScope},
+    programs::{
+        UProbe,
+        uprobe::{UProbeLinkId, UProbeScope},
+    },
 };
 use tracer_common::{
     counters::Counter,
@@ -78,6 +81,52 @@ impl Programs {
                     binary.display()
                 )
             })?;
+        Ok(())
+    }
+
+    /// Like `attach_uprobe`, but the attachment can be undone with
+    /// `detach_uprobe` (a long-running agent detaches executables that no
+    /// process runs any more).
+    pub fn attach_uprobe_detachable(
+        &mut self,
+        program: &'static str,
+        binary: &Path,
+        file_offset: u64,
+    ) -> anyhow::Result<UprobeLink> {
+        let id = self
+            .uprobe(program)?
+            .attach(file_offset, binary, UProbeScope::AllProcesses)
+            .with_context(|| {
+                format!(
+                    "attaching {program} to {} at file offset {file_offset:#x}",
+                    binary.display()
+                )
+            })?;
+        Ok(UprobeLink { program, id })
+    }
+
+    /// Remove a probe attached by `attach_uprobe_detachable`.
+    pub fn detach_uprobe(&mut self, link: UprobeLink) -> anyhow::Result<()> {
+        self.uprobe(link.program)?
+            .detach(link.id)
+            .with_context(|| format!("detaching {}", link.program))
+    }
+
+    /// Drop the probe-hit counts of `tgid` (it exited; the map is bounded).
+    pub fn forget_probe_hits(&mut self, tgid: u32) -> anyhow::Result<()> {
+        let mut hits: PerCpuHashMap<_, ProbeHitKey, u64> =
+            PerCpuHashMap::try_from(self.map_mut(map_names::PROBE_HITS)?)?;
+        for probe in [
+            Probe::StopTheWorld,
+            Probe::StartTheWorldRet,
+            Probe::Newstack,
+        ] {
+            // Absent is fine: that probe never fired in this process.
+            let _ = hits.remove(&ProbeHitKey {
+                tgid,
+                probe: probe as u32,
+            });
+        }
         Ok(())
     }
 
@@ -176,6 +225,13 @@ impl Programs {
             .map_mut(name)
             .with_context(|| format!("map {name} missing from the eBPF object"))
     }
+}
+
+/// A uprobe attachment that `Programs::detach_uprobe` can undo.
+#[derive(Debug)]
+pub struct UprobeLink {
+    program: &'static str,
+    id: UProbeLinkId,
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lift it so large

@@ -1,6 +1,7 @@
 //! gostw's library: Go binary analysis, loading and attaching the kernel
 //! programs, and the pieces the `gostw` binary is made of.
 
+pub mod agent;
 pub mod binary;
 pub mod ebpf;
 pub mod events;

@@ -29,6 +29,8 @@ enum Command {
     /// Goroutine stack growth: call sites, sizes, cost, and the starting
     /// stack that would avoid it (`--pid PID` or `-- CMD ARGS`).
     Stacks(cli::stacks::StacksArgs),
+    /// Node agent: trace every Go process of the host, serve Prometheus metrics.
+    Agent(tracer::agent::Args),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +52,8 @@ fn main() -> ExitCode {
             Command::Run(args) => cli::run::run(args).await,
             Command::Inspect(args) => tracer::inspect::run(&args).map(|()| 0),
             Command::Stacks(args) => cli::stacks::run(args),
+            // Runs its own threads; nothing else shares this runtime.
+            Command::Agent(args) => tracer::agent::run(args).map(|()| 0),
         }
     });
     match result {

@@ -8,6 +8,7 @@ mod cmd;
 mod demo;
 mod go;
 mod setup;
+mod soak;
 mod test;
 mod vm;
 
@@ -32,6 +33,9 @@ enum Task {
     Bench(bench::Options),
     /// Run the kernel tests in a QEMU VM on a distro kernel (kprobes).
     VmTest(vm::Options),
+    /// Run `gostw agent` for a while as Go processes come and go; report its
+    /// RSS and CPU (not part of CI).
+    SoakAgent(soak::Options),
 }
 
 fn main() -> std::process::ExitCode {
@@ -41,6 +45,7 @@ fn main() -> std::process::ExitCode {
         Task::Demo(opts) => demo::run(&opts),
         Task::Bench(opts) => bench::run(&opts),
         Task::VmTest(opts) => vm::run(&opts),
+        Task::SoakAgent(opts) => soak::run(&opts),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -4,6 +4,7 @@
 
 mod support;
 
+mod agent;
 mod binary_analysis;
 mod pauses;
 mod stack_growth;

@@ -1,0 +1,132 @@
+//! Kernel events into observations: the agent's end of the ring buffer.
+//! Pause events become `PauseRecord`s through the same `pauses::record` the
+//! attach/run pipeline uses, then `Observer::pause`. Stateless per process on
+//! purpose: the attach/run pipeline keeps HDR histograms per pid for its
+//! summary, which a weeks-long agent cannot afford; the agent's distributions
+//! are the Prometheus histograms.
+
+use tracer_common::{event::EventKind, pause::PauseEvent};
+
+use super::{
+    metrics::Metrics,
+    observe::{Observer, PauseObservation},
+};
+use crate::{
+    events::{self, DecodeError},
+    pauses::{self, WallClock},
+};
+
+/// Decodes raw events and hands them to an `Observer`.
+pub struct EventStage {
+    clock: WallClock,
+}
+
+impl Default for EventStage {
+    fn default() -> Self {
+        EventStage {
+            clock: WallClock::now(),
+        }
+    }
+}
+
+impl EventStage {
+    /// One raw event from the ring buffer.
+    pub fn handle(&self, raw: &[u8], observer: &mut impl Observer, metrics: &Metrics) {
+        let kind = match events::header(raw) {
+            Ok((_, kind)) => kind,
+            Err(DecodeError::UnknownKind(_) | DecodeError::TooShort { .. }) => {
+                metrics.events_lost("undecodable", 1);
+                return;
+            }
+        };
+        match kind {
+            EventKind::Pause => match events::decode::<PauseEvent>(kind, raw) {
+                Ok(ev) => {
+                    let rec = pauses::record(&ev, self.clock);
+                    observer.pause(
+                        rec.pid,
+                        &PauseObservation {
+                            reason: rec.reason,
+                            duration_ns: rec.duration_ns,
+                            // Per-pause fault correlation is not in the
+                            // pipeline yet.
+                            major_faults: 0,
+                        },
+                    );
+                }
+                Err(_) => metrics.events_lost("undecodable", 1),
+            },
+            // No correlator for these kinds in this build.
+            EventKind::Fault | EventKind::StackGrowth => metrics.events_lost("unhandled", 1),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracer_common::{event::EventHeader, pause::REASON_TEXT_LEN};
+
+    use super::*;
+    use crate::agent::observe::{FaultObservation, StackGrowthObservation};
+
+    #[derive(Default)]
+    struct Seen(Vec<(u32, PauseObservation)>);
+
+    impl Observer for Seen {
+        fn pause(&mut self, pid: u32, p: &PauseObservation) {
+            self.0.push((pid, *p));
+        }
+        fn fault(&mut self, _: u32, _: &FaultObservation) {}
+        fn stack_growth(&mut self, _: u32, _: &StackGrowthObservation) {}
+        fn stop_the_world_entries(&mut self, _: u32, _: u64) {}
+    }
+
+    fn bytes<T: aya::Pod>(v: &T) -> Vec<u8> {
+        // SAFETY: T is Pod: plain bytes, no padding.
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+    }
+
+    #[test]
+    fn pause_events_reach_the_observer_bad_ones_are_counted() {
+        let ev = PauseEvent {
+            header: EventHeader {
+                kind: EventKind::Pause as u32,
+                tgid: 42,
+                tid: 43,
+                cpu: 0,
+                ts_ns: 300_000,
+            },
+            stop_ts_ns: 100_000,
+            go_now_ns: 250_000,
+            go_started_ns: 110_000,
+            stop_tid: 43,
+            reason: 1,
+            flags: PauseEvent::FLAG_GO_START,
+            reason_text_len: 0,
+            reason_text: [0; REASON_TEXT_LEN],
+        };
+        let stage = EventStage::default();
+        let metrics = Metrics::new();
+        let mut seen = Seen::default();
+        stage.handle(&bytes(&ev), &mut seen, &metrics);
+        stage.handle(&bytes(&ev)[..40], &mut seen, &metrics);
+        stage.handle(&[7u8; 24], &mut seen, &metrics);
+        let mut fault = bytes(&ev);
+        fault[0] = EventKind::Fault as u8;
+        stage.handle(&fault, &mut seen, &metrics);
+        assert_eq!(seen.0.len(), 1);
+        assert_eq!(seen.0[0].0, 42);
+        assert_eq!(seen.0[0].1.reason, "gc_mark_termination");
+        assert_eq!(seen.0[0].1.duration_ns, 140_000);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, metrics.registry()).unwrap();
+        assert!(
+            text.contains("gostw_agent_events_lost_total{stage=\"undecodable\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gostw_agent_events_lost_total{stage=\"unhandled\"} 1"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,574 @@
+//! The agent's Prometheus metrics: what the traced processes did (pauses,
+//! faults, stack growth, by executable) and the agent's own health. Series of
+//! a label set are removed when its last process exits, so Prometheus marks
+//! them stale and memory stays bounded by the live processes.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::{
+        Mutex,
+        atomic::{AtomicI64, AtomicU64},
+    },
+};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::{Registry, Unit},
+};
+
+use super::{
+    labels::ProcessLabels,
+    observe::{Backing, FaultObservation, PauseObservation, StackGrowthObservation, WaitedOn},
+};
+
+/// Pause and fault-wait buckets: 1-2-5 per decade from 10 us to 10 s (19
+/// bounds), fine enough to tell a 50 us pause from a 200 us one and a 40 ms
+/// outlier from a 100 ms one.
+pub const SECONDS_BUCKETS: [f64; 19] = [
+    10e-6, 20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 20e-3, 50e-3, 100e-3,
+    200e-3, 500e-3, 1.0, 2.0, 5.0, 10.0,
+];
+
+/// Major faults in one pause: 0 (most pauses) up to 1000.
+pub const FAULT_COUNT_BUCKETS: [f64; 11] = [
+    0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0,
+];
+
+/// Stack sizes: Go stacks start at 2 KiB (8 KiB on some systems) and double;
+/// powers of two up to Go's 1 GiB maximum.
+pub fn stack_size_buckets() -> impl Iterator<Item = f64> {
+    (11..=30).map(|shift| f64::from(1u32 << shift))
+}
+
+/// Why tracing an executable or a process failed: a small fixed set, so the
+/// label stays bounded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailureReason {
+    /// The Go binary could not be analysed (missing runtime functions,
+    /// malformed file).
+    Analysis,
+    /// Go version outside what gostw knows how to read.
+    UnsupportedGo,
+    /// The kernel refused a uprobe.
+    Attach,
+    /// Adding the process to the traced set failed.
+    Trace,
+    /// The process exited while it was being attached.
+    ProcessGone,
+    /// `--max-executables` reached.
+    Limit,
+}
+
+impl FailureReason {
+    pub const ALL: [FailureReason; 6] = [
+        FailureReason::Analysis,
+        FailureReason::UnsupportedGo,
+        FailureReason::Attach,
+        FailureReason::Trace,
+        FailureReason::ProcessGone,
+        FailureReason::Limit,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            FailureReason::Analysis => "analysis",
+            FailureReason::UnsupportedGo => "unsupported_go",
+            FailureReason::Attach => "attach",
+            FailureReason::Trace => "trace",
+            FailureReason::ProcessGone => "process_gone",
+            FailureReason::Limit => "limit",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PauseLabels {
+    #[prometheus(flatten)]
+    process: ProcessLabels,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FaultLabels {
+    #[prometheus(flatten)]
+    process: ProcessLabels,
+    in_pause: &'static str,
+    backing: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WaitLabels {
+    #[prometheus(flatten)]
+    process: ProcessLabels,
+    in_pause: &'static str,
+    waited_on: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CounterLabel {
+    counter: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StageLabel {
+    stage: &'static str,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn seconds_histogram() -> Histogram {
+    Histogram::new(SECONDS_BUCKETS)
+}
+fn fault_count_histogram() -> Histogram {
+    Histogram::new(FAULT_COUNT_BUCKETS)
+}
+fn stack_size_histogram() -> Histogram {
+    Histogram::new(stack_size_buckets())
+}
+
+fn bool_label(b: bool) -> &'static str {
+    if b { "true" } else { "false" }
+}
+
+/// Every metric the agent serves.
+pub struct Metrics {
+    registry: Registry,
+    pause_duration: Histograms<PauseLabels>,
+    pause_major_faults: Histograms<ProcessLabels>,
+    stw_entries: Family<ProcessLabels, Counter>,
+    major_faults: Family<FaultLabels, Counter>,
+    fault_wait: Histograms<WaitLabels>,
+    stack_growths: Family<ProcessLabels, Counter>,
+    stack_copied: Family<ProcessLabels, Counter>,
+    stack_old_size: Histograms<ProcessLabels>,
+    processes: Family<ProcessLabels, Gauge>,
+    /// Reasons seen per label set, to remove their series on exit.
+    reasons: Mutex<HashMap<ProcessLabels, BTreeSet<&'static str>>>,
+    // Health.
+    pub processes_traced: Gauge,
+    pub executables_attached: Gauge,
+    pub proc_known: Gauge,
+    attach_failures: Family<ReasonLabel, Counter>,
+    bpf_errors: Family<CounterLabel, Counter>,
+    events_lost: Family<StageLabel, Counter>,
+    pub label_sets_overflowed: Counter,
+    pub exec_notifications: Counter,
+    pub scrape_duration: Histogram,
+    pub poll_duration: Histogram,
+    pub last_poll_unix_seconds: Gauge<f64, AtomicU64>,
+    pub build_info: Family<Vec<(&'static str, &'static str)>, Gauge<i64, AtomicI64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut r = Registry::with_prefix("gostw");
+        let m = Metrics {
+            pause_duration: Histograms::new_with_constructor(seconds_histogram),
+            pause_major_faults: Histograms::new_with_constructor(fault_count_histogram),
+            stw_entries: Family::default(),
+            major_faults: Family::default(),
+            fault_wait: Histograms::new_with_constructor(seconds_histogram),
+            stack_growths: Family::default(),
+            stack_copied: Family::default(),
+            stack_old_size: Histograms::new_with_constructor(stack_size_histogram),
+            processes: Family::default(),
+            reasons: Mutex::new(HashMap::new()),
+            processes_traced: Gauge::default(),
+            executables_attached: Gauge::default(),
+            proc_known: Gauge::default(),
+            attach_failures: Family::default(),
+            bpf_errors: Family::default(),
+            events_lost: Family::default(),
+            label_sets_overflowed: Counter::default(),
+            exec_notifications: Counter::default(),
+            scrape_duration: Histogram::new([1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2, 0.1]),
+            poll_duration: Histogram::new([1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0]),
+            last_poll_unix_seconds: Gauge::default(),
+            build_info: Family::default(),
+            registry: Registry::default(),
+        };
+        r.register_with_unit(
+            "pause_duration",
+            "Stop-the-world pauses of traced Go processes, by stwReason",
+            Unit::Seconds,
+            m.pause_duration.clone(),
+        );
+        r.register(
+            "pause_major_faults",
+            "Major page faults that began inside each stop-the-world pause",
+            m.pause_major_faults.clone(),
+        );
+        r.register(
+            "stop_the_world_entries",
+            "runtime.stopTheWorldWithSema entries counted in the kernel (independent of event delivery)",
+            m.stw_entries.clone(),
+        );
+        r.register(
+            "major_faults",
+            "Major page faults of traced processes, inside pauses or not, by what backed the page",
+            m.major_faults.clone(),
+        );
+        r.register_with_unit(
+            "fault_wait",
+            "Time a thread blocked in a major fault, on its own read or another thread's",
+            Unit::Seconds,
+            m.fault_wait.clone(),
+        );
+        r.register(
+            "stack_growths",
+            "Goroutine stack growths (runtime.newstack -> copystack)",
+            m.stack_growths.clone(),
+        );
+        r.register_with_unit(
+            "stack_copied",
+            "Bytes copied by goroutine stack growth",
+            Unit::Bytes,
+            m.stack_copied.clone(),
+        );
+        r.register_with_unit(
+            "stack_growth_old_size",
+            "Stack size before each growth",
+            Unit::Bytes,
+            m.stack_old_size.clone(),
+        );
+        r.register(
+            "traced_processes",
+            "Processes traced, by executable and container",
+            m.processes.clone(),
+        );
+        let a = r.sub_registry_with_prefix("agent");
+        a.register(
+            "processes_traced",
+            "Processes the agent traces now",
+            m.processes_traced.clone(),
+        );
+        a.register(
+            "executables_attached",
+            "Executables with probes attached now",
+            m.executables_attached.clone(),
+        );
+        a.register(
+            "processes_known",
+            "Processes the /proc poller tracks (all, traced or not)",
+            m.proc_known.clone(),
+        );
+        a.register(
+            "attach_failures",
+            "Executables or processes that could not be traced, by reason",
+            m.attach_failures.clone(),
+        );
+        a.register(
+            "bpf_errors",
+            "Failures counted by the kernel programs (per-CPU counters, summed)",
+            m.bpf_errors.clone(),
+        );
+        a.register(
+            "events_lost",
+            "Events lost: ring buffer full in the kernel, undecodable, of a kind the agent does not handle, or of no traced process",
+            m.events_lost.clone(),
+        );
+        a.register(
+            "label_sets_overflowed",
+            "Processes whose labels were replaced by _overflow (label set limit)",
+            m.label_sets_overflowed.clone(),
+        );
+        a.register(
+            "exec_notifications",
+            "Execs reported by the kernel's process events connector (stays 0 where it is unavailable: discovery is then by polling alone)",
+            m.exec_notifications.clone(),
+        );
+        a.register_with_unit(
+            "scrape_duration",
+            "Time to encode /metrics",
+            Unit::Seconds,
+            m.scrape_duration.clone(),
+        );
+        a.register_with_unit(
+            "poll_duration",
+            "Time of one /proc poll including attaches",
+            Unit::Seconds,
+            m.poll_duration.clone(),
+        );
+        a.register(
+            "last_poll_timestamp_seconds",
+            "Unix time of the last completed /proc poll (liveness)",
+            m.last_poll_unix_seconds.clone(),
+        );
+        a.register(
+            "build_info",
+            "The agent's version (value 1)",
+            m.build_info.clone(),
+        );
+        m.build_info
+            .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION"))])
+            .set(1);
+        // Known label values from the start, so rate() works from the first
+        // increment and the families appear before any failure.
+        for f in FailureReason::ALL {
+            let _ = m
+                .attach_failures
+                .get_or_create(&ReasonLabel { reason: f.label() });
+        }
+        for stage in EVENT_LOSS_STAGES {
+            let _ = m.events_lost.get_or_create(&StageLabel { stage });
+        }
+        Metrics { registry: r, ..m }
+    }
+
+    /// The registry, for encoding.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn pause(&self, labels: &ProcessLabels, p: &PauseObservation) {
+        let key = PauseLabels {
+            process: labels.clone(),
+            reason: p.reason,
+        };
+        self.pause_duration
+            .get_or_create(&key)
+            .observe(p.duration_ns as f64 / 1e9);
+        self.pause_major_faults
+            .get_or_create(labels)
+            .observe(f64::from(p.major_faults));
+        let mut reasons = self.reasons.lock().unwrap_or_else(|e| e.into_inner());
+        reasons.entry(labels.clone()).or_default().insert(p.reason);
+    }
+
+    pub fn fault(&self, labels: &ProcessLabels, f: &FaultObservation) {
+        let in_pause = bool_label(f.in_pause);
+        self.major_faults
+            .get_or_create(&FaultLabels {
+                process: labels.clone(),
+                in_pause,
+                backing: backing_label(f.backing),
+            })
+            .inc();
+        self.fault_wait
+            .get_or_create(&WaitLabels {
+                process: labels.clone(),
+                in_pause,
+                waited_on: waited_label(f.waited_on),
+            })
+            .observe(f.wait_ns as f64 / 1e9);
+    }
+
+    pub fn stack_growth(&self, labels: &ProcessLabels, g: &StackGrowthObservation) {
+        let w = g.weight.max(1);
+        self.stack_growths.get_or_create(labels).inc_by(w);
+        self.stack_copied
+            .get_or_create(labels)
+            .inc_by(g.copied_bytes.saturating_mul(w));
+        let h = self.stack_old_size.get_or_create(labels);
+        for _ in 0..w.min(1024) {
+            h.observe(g.old_size as f64);
+        }
+    }
+
+    pub fn stop_the_world_entries(&self, labels: &ProcessLabels, n: u64) {
+        self.stw_entries.get_or_create(labels).inc_by(n);
+    }
+
+    /// One more (or one less) live process with these labels.
+    pub fn process_started(&self, labels: &ProcessLabels) {
+        self.processes.get_or_create(labels).inc();
+        self.reasons
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(labels.clone())
+            .or_default();
+        // The series exist from the start: a process with no pause yet still
+        // shows its label set, and stop_the_world_entries starts at 0.
+        let _ = self.stw_entries.get_or_create(labels);
+    }
+
+    /// The last process with `labels` exited: drop every series of them.
+    pub fn remove(&self, labels: &ProcessLabels) {
+        self.processes.remove(labels);
+        self.stw_entries.remove(labels);
+        self.pause_major_faults.remove(labels);
+        self.stack_growths.remove(labels);
+        self.stack_copied.remove(labels);
+        self.stack_old_size.remove(labels);
+        let reasons = self
+            .reasons
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(labels);
+        for reason in reasons.into_iter().flatten() {
+            self.pause_duration.remove(&PauseLabels {
+                process: labels.clone(),
+                reason,
+            });
+        }
+        for in_pause in [true, false].map(bool_label) {
+            for backing in [Backing::Swap, Backing::File].map(backing_label) {
+                self.major_faults.remove(&FaultLabels {
+                    process: labels.clone(),
+                    in_pause,
+                    backing,
+                });
+            }
+            for waited_on in [WaitedOn::Own, WaitedOn::Other].map(waited_label) {
+                self.fault_wait.remove(&WaitLabels {
+                    process: labels.clone(),
+                    in_pause,
+                    waited_on,
+                });
+            }
+        }
+    }
+
+    /// The process counter of `labels` goes down by one (others remain).
+    pub fn process_exited(&self, labels: &ProcessLabels) {
+        if let Some(g) = self.processes.get(labels) {
+            g.dec();
+        }
+    }
+
+    pub fn attach_failure(&self, reason: FailureReason) {
+        self.attach_failures
+            .get_or_create(&ReasonLabel {
+                reason: reason.label(),
+            })
+            .inc();
+    }
+
+    /// Add to a kernel health counter (the agent keeps the last sum).
+    pub fn bpf_error(&self, counter: &'static str, delta: u64) {
+        self.bpf_errors
+            .get_or_create(&CounterLabel { counter })
+            .inc_by(delta);
+    }
+
+    pub fn events_lost(&self, stage: &'static str, n: u64) {
+        self.events_lost
+            .get_or_create(&StageLabel { stage })
+            .inc_by(n);
+    }
+
+    /// Label sets with series now (for the memory bound checks).
+    pub fn live_label_sets(&self) -> usize {
+        self.reasons.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// Stages where an event can be lost, for `gostw_agent_events_lost_total`.
+pub const EVENT_LOSS_STAGES: [&str; 4] =
+    ["ringbuf_full", "undecodable", "unhandled", "unattributed"];
+
+fn backing_label(b: Backing) -> &'static str {
+    match b {
+        Backing::Swap => "swap",
+        Backing::File => "file",
+    }
+}
+
+fn waited_label(w: WaitedOn) -> &'static str {
+    match w {
+        WaitedOn::Own => "own",
+        WaitedOn::Other => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::encoding::text::encode;
+
+    use super::*;
+
+    fn labels(exe: &str) -> ProcessLabels {
+        ProcessLabels {
+            executable: exe.to_owned(),
+            go_version: "go1.22.10".to_owned(),
+            build_id: "abc".to_owned(),
+            container: String::new(),
+        }
+    }
+
+    fn text(m: &Metrics) -> String {
+        let mut s = String::new();
+        encode(&mut s, m.registry()).unwrap();
+        s
+    }
+
+    #[test]
+    fn series_have_base_units_and_vanish_with_their_processes() {
+        let m = Metrics::new();
+        let a = labels("api");
+        m.process_started(&a);
+        m.pause(
+            &a,
+            &PauseObservation {
+                reason: "gc_mark_termination",
+                duration_ns: 40_000_000,
+                major_faults: 3,
+            },
+        );
+        m.fault(
+            &a,
+            &FaultObservation {
+                in_pause: true,
+                backing: Backing::Swap,
+                wait_ns: 2_000_000,
+                waited_on: WaitedOn::Other,
+            },
+        );
+        m.stack_growth(
+            &a,
+            &StackGrowthObservation {
+                old_size: 8192,
+                new_size: 16384,
+                copied_bytes: 3000,
+                weight: 2,
+            },
+        );
+        let t = text(&m);
+        let l = r#"executable="api",go_version="go1.22.10",build_id="abc",container="""#;
+        for want in [
+            format!(
+                r#"gostw_pause_duration_seconds_bucket{{le="0.05",{l},reason="gc_mark_termination"}} 1"#
+            ),
+            format!(
+                r#"gostw_pause_duration_seconds_bucket{{le="0.02",{l},reason="gc_mark_termination"}} 0"#
+            ),
+            format!(r#"gostw_pause_major_faults_bucket{{le="5.0",{l}}} 1"#),
+            format!(r#"gostw_pause_major_faults_bucket{{le="2.0",{l}}} 0"#),
+            format!(r#"gostw_major_faults_total{{{l},in_pause="true",backing="swap"}} 1"#),
+            format!(r#"gostw_fault_wait_seconds_count{{{l},in_pause="true",waited_on="other"}} 1"#),
+            format!(r#"gostw_stack_growths_total{{{l}}} 2"#),
+            format!(r#"gostw_stack_copied_bytes_total{{{l}}} 6000"#),
+            format!(r#"gostw_stack_growth_old_size_bytes_bucket{{le="8192.0",{l}}} 2"#),
+            format!(r#"gostw_traced_processes{{{l}}} 1"#),
+            r#"gostw_agent_attach_failures_total{reason="limit"} 0"#.to_owned(),
+        ] {
+            assert!(t.contains(&want), "missing {want} in\n{t}");
+        }
+        m.process_exited(&a);
+        m.remove(&a);
+        let t = text(&m);
+        assert!(!t.contains("executable=\"api\""), "{t}");
+        assert_eq!(m.live_label_sets(), 0);
+    }
+
+    #[test]
+    fn buckets_cover_10us_to_10s_increasing() {
+        assert_eq!(SECONDS_BUCKETS.first(), Some(&10e-6));
+        assert_eq!(SECONDS_BUCKETS.last(), Some(&10.0));
+        assert!(SECONDS_BUCKETS.windows(2).all(|w| w[0] < w[1]));
+        let stack: Vec<f64> = stack_size_buckets().collect();
+        assert_eq!((stack[0], stack[stack.len() - 1]), (2048.0, 1073741824.0));
+    }
+}

@@ -1,0 +1,148 @@
+//! The HTTP side: `/metrics` and `/healthz`, served by axum on a tokio
+//! runtime of its own thread, so a slow `/proc` poll or binary analysis never
+//! delays a scrape.
+
+use std::{
+    net::{SocketAddr, TcpListener},
+    sync::Arc,
+    time::Instant,
+};
+
+use anyhow::Context as _;
+use axum::{
+    Router,
+    extract::State,
+    http::{HeaderMap, StatusCode, header},
+    response::IntoResponse,
+    routing::get,
+};
+use prometheus_client::encoding::text::encode;
+
+use super::metrics::Metrics;
+
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Bind the listening socket now, so a port in use fails before anything is
+/// loaded into the kernel, with a message that says what to do.
+pub fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    let listener = TcpListener::bind(addr).map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                "; another process listens there: stop it or pick another address with --listen"
+            }
+            std::io::ErrorKind::AddrNotAvailable => {
+                "; that address is not on this host: use one of its addresses or 0.0.0.0"
+            }
+            std::io::ErrorKind::PermissionDenied => {
+                "; ports below 1024 need root or CAP_NET_BIND_SERVICE"
+            }
+            _ => "",
+        };
+        anyhow::anyhow!("cannot listen on {addr}: {e}{hint}")
+    })?;
+    listener
+        .set_nonblocking(true)
+        .context("setting the listener non-blocking")?;
+    Ok(listener)
+}
+
+/// Serve until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/",
+            get(|| async { "gostw agent: /metrics (Prometheus), /healthz\n" }),
+        )
+        .with_state(metrics);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("serving HTTP")
+}
+
+async fn metrics_handler(
+    State(metrics): State<Arc<Metrics>>,
+    headers: HeaderMap,
+) -> impl IntoResponse {
+    let started = Instant::now();
+    let openmetrics = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/openmetrics-text"));
+    let mut body = String::with_capacity(64 * 1024);
+    if let Err(e) = encode(&mut body, metrics.registry()) {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, TEXT)],
+            format!("encoding metrics: {e}\n"),
+        );
+    }
+    let (body, content_type) = if openmetrics {
+        (body, OPENMETRICS)
+    } else {
+        (openmetrics_to_text(&body), TEXT)
+    };
+    metrics
+        .scrape_duration
+        .observe(started.elapsed().as_secs_f64());
+    (StatusCode::OK, [(header::CONTENT_TYPE, content_type)], body)
+}
+
+/// The Prometheus text format (0.0.4) of an OpenMetrics exposition, for
+/// clients that do not ask for OpenMetrics (promtool, curl, older scrapers).
+/// The formats differ where prometheus-client's output uses them: counter
+/// families are named with their `_total` suffix in 0.0.4, and `# UNIT` and
+/// `# EOF` do not exist there.
+pub fn openmetrics_to_text(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(om.len());
+    for line in om.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        let rewritten = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            counters
+                .contains(name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        out.push_str(rewritten.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_get_total_names_and_openmetrics_lines_go() {
+        let om = "# HELP gostw_x Things.\n# TYPE gostw_x counter\n# UNIT gostw_x bytes\ngostw_x_total{a=\"b\"} 1\n# HELP gostw_h H.\n# TYPE gostw_h histogram\ngostw_h_sum 0.0\n# EOF\n";
+        assert_eq!(
+            openmetrics_to_text(om),
+            "# HELP gostw_x_total Things.\n# TYPE gostw_x_total counter\ngostw_x_total{a=\"b\"} 1\n# HELP gostw_h H.\n# TYPE gostw_h histogram\ngostw_h_sum 0.0\n"
+        );
+    }
+
+    #[test]
+    fn a_port_in_use_says_what_to_do() {
+        let first = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = first.local_addr().unwrap();
+        let err = bind(addr).unwrap_err().to_string();
+        assert!(err.contains("--listen"), "{err}");
+    }
+}

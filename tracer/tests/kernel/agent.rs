@@ -1,0 +1,515 @@
+//! `gostw agent` end to end: the real binary as a node agent, real Go
+//! processes started after it, and a real Prometheus server scraping it
+//! every second; plus the inputs a user gets wrong.
+
+use std::{
+    fs,
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tracer::agent::{
+    kernel::EbpfKernel,
+    metrics::FailureReason,
+    tracker::{AttachError, Kernel as _},
+};
+
+use crate::support::{build_workload, go_matrix, newest_go, require_root};
+
+const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
+
+/// Every process a test started, killed and reaped on drop (also when the
+/// test panics), and the scratch directory removed.
+struct Procs {
+    children: Vec<(String, Child)>,
+    dir: PathBuf,
+}
+
+impl Procs {
+    fn new(name: &str) -> Procs {
+        let dir = std::env::temp_dir().join(format!("gostw-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        Procs {
+            children: Vec::new(),
+            dir,
+        }
+    }
+
+    fn spawn(&mut self, name: &str, cmd: &mut Command) -> u32 {
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        let pid = child.id();
+        self.children.push((name.to_owned(), child));
+        pid
+    }
+
+    /// Kill one process and wait for it.
+    fn kill(&mut self, pid: u32) {
+        let i = self
+            .children
+            .iter()
+            .position(|(_, c)| c.id() == pid)
+            .expect("not our child");
+        let (_, mut child) = self.children.remove(i);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for (name, child) in &mut self.children {
+            if child.try_wait().ok().flatten().is_none() {
+                let _ = child.kill();
+            }
+            if let Err(e) = child.wait() {
+                eprintln!("reaping {name}: {e}");
+            }
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A free loopback port (bound, then released for the server to take).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// GET over loopback; (status, body). None when nothing listens yet.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// An instant PromQL query against the test's Prometheus: (labels, value).
+fn query(prom_port: u16, promql: &str) -> Vec<(Value, f64)> {
+    let Some((200, body)) = http_get(
+        prom_port,
+        &format!("/api/v1/query?query={}", url_encode(promql)),
+    ) else {
+        return Vec::new();
+    };
+    let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    v["data"]["result"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| {
+            let value = r["value"][1].as_str().unwrap_or("nan").parse().unwrap();
+            (r["metric"].clone(), value)
+        })
+        .collect()
+}
+
+/// A program that is not Go but carries a `.go.buildinfo` section: gostw
+/// takes it for a Go program and cannot find the runtime in it.
+fn fake_go_binary(dir: &Path) -> PathBuf {
+    let src = dir.join("fake-go.c");
+    let mut info = Vec::new();
+    info.extend_from_slice(b"\xff Go buildinf:");
+    info.extend_from_slice(&[8, 2]);
+    info.resize(32, 0);
+    info.push(9);
+    info.extend_from_slice(b"go1.22.10");
+    info.push(0);
+    let bytes: Vec<String> = info.iter().map(|b| format!("{b:#04x}")).collect();
+    fs::write(
+        &src,
+        format!(
+            "#include <unistd.h>\n\
+             __attribute__((section(\".go.buildinfo\"), used)) static const unsigned char info[] = {{{}}};\n\
+             int main(void) {{ for (;;) pause(); }}\n",
+            bytes.join(",")
+        ),
+    )
+    .unwrap();
+    let out = dir.join("fake-go");
+    let status = Command::new("cc")
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("running cc");
+    assert!(status.success(), "building the fake Go binary");
+    out
+}
+
+fn start_prometheus(procs: &mut Procs, agent_port: u16) -> u16 {
+    let port = free_port();
+    let config = procs.dir.join("prometheus.yml");
+    fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             scrape_configs:\n  - job_name: gostw\n    scrape_interval: 1s\n    scrape_timeout: 900ms\n\
+             \x20   static_configs:\n      - targets: ['127.0.0.1:{agent_port}']\n"
+        ),
+    )
+    .unwrap();
+    let log = fs::File::create(procs.dir.join("prometheus.log")).unwrap();
+    procs.spawn(
+        "prometheus",
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                procs.dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(log),
+    );
+    wait_until("prometheus to be ready", Duration::from_secs(30), || {
+        http_get(port, "/-/ready").filter(|(s, _)| *s == 200)
+    });
+    port
+}
+
+fn start_agent(procs: &mut Procs, port: u16, matching: &str) -> PathBuf {
+    let log_path = procs.dir.join("agent.log");
+    let log = fs::File::create(&log_path).unwrap();
+    procs.spawn(
+        "gostw agent",
+        Command::new(GOSTW)
+            .args(["agent", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--match", matching, "--poll-interval", "200ms"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log),
+    );
+    wait_until("the agent's /healthz", Duration::from_secs(30), || {
+        http_get(port, "/healthz").filter(|(s, _)| *s == 200)
+    });
+    log_path
+}
+
+/// Two Go programs of two Go versions, started after the agent, show up in
+/// Prometheus with their labels and pause counts; one that exits stops being
+/// reported; a Go-looking binary gostw cannot analyse is counted and logged
+/// once while the agent keeps serving; /metrics passes promtool.
+#[test]
+fn agent_exports_go_processes_to_prometheus() {
+    require_root();
+    let newest = newest_go();
+    let older = go_matrix()
+        .into_iter()
+        .find(|g| g.major_minor() == (1, 22))
+        .expect("Go 1.22 is in the matrix");
+    let bins = [
+        build_workload("stw", &newest, "", &[]),
+        build_workload("stw", &older, "", &[]),
+    ];
+    let mut procs = Procs::new("agent");
+    let fake = fake_go_binary(&procs.dir);
+    let agent_port = free_port();
+    // Only this test's programs: other checkouts' tests on the same host
+    // must not pay for uprobes.
+    let workloads = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/go-workloads");
+    let matching = format!(
+        "^({}|{})/",
+        regex::escape(&workloads.canonicalize().unwrap().display().to_string()),
+        regex::escape(&procs.dir.display().to_string())
+    );
+    let agent_log = start_agent(&mut procs, agent_port, &matching);
+    let prom_port = start_prometheus(&mut procs, agent_port);
+
+    let args = [
+        "-duration",
+        "120s",
+        "-gc",
+        "2",
+        "-alloc-mb",
+        "8",
+        "-readmemstats",
+        "1",
+    ];
+    let new_pid = procs.spawn(
+        "stw (newest Go)",
+        Command::new(&bins[0]).args(args).stdout(Stdio::null()),
+    );
+    let _old_pid = procs.spawn(
+        "stw (Go 1.22)",
+        Command::new(&bins[1]).args(args).stdout(Stdio::null()),
+    );
+    for _ in 0..2 {
+        procs.spawn("fake Go", Command::new(&fake).stdout(Stdio::null()));
+    }
+
+    for go in [&newest, &older] {
+        let promql = format!(
+            r#"gostw_stop_the_world_entries_total{{executable="stw",go_version="go{}"}}"#,
+            go.version
+        );
+        let (labels, n) = wait_until(&promql, Duration::from_secs(60), || {
+            query(prom_port, &promql)
+                .into_iter()
+                .find(|(_, n)| *n > 0.0)
+        });
+        eprintln!("{labels} {n}");
+        assert_eq!(labels["job"], "gostw");
+        // The pipeline's pause records: durations by reason. The workload
+        // forces GCs, so both GC reasons are there.
+        let promql = format!(
+            r#"sum by (reason) (gostw_pause_duration_seconds_count{{executable="stw",go_version="go{}"}})"#,
+            go.version
+        );
+        let reasons = wait_until(&promql, Duration::from_secs(30), || {
+            let r = query(prom_port, &promql);
+            (r.len() >= 2).then_some(r)
+        });
+        for (l, n) in &reasons {
+            eprintln!("  pauses {l} {n}");
+            assert!(*n > 0.0);
+        }
+        for reason in ["gc_mark_termination", "gc_sweep_termination"] {
+            assert!(
+                reasons.iter().any(|(l, _)| l["reason"] == reason),
+                "no {reason} pauses: {reasons:?}"
+            );
+        }
+        assert!(!labels["build_id"].as_str().unwrap().is_empty(), "{labels}");
+        assert!(labels.get("pid").is_none(), "no per-pid label: {labels}");
+    }
+    wait_until("2 traced processes", Duration::from_secs(30), || {
+        query(prom_port, "gostw_agent_processes_traced")
+            .first()
+            .filter(|(_, n)| *n == 2.0)
+            .map(|_| ())
+    });
+    let failures = wait_until("the analysis failure", Duration::from_secs(30), || {
+        query(
+            prom_port,
+            r#"gostw_agent_attach_failures_total{reason="analysis"}"#,
+        )
+        .first()
+        .filter(|(_, n)| *n > 0.0)
+        .map(|(_, n)| *n)
+    });
+    assert_eq!(failures, 1.0, "two processes of one bad binary count once");
+    let log = fs::read_to_string(&agent_log).unwrap();
+    assert_eq!(
+        log.matches("cannot trace Go program").count(),
+        1,
+        "logged once:\n{log}"
+    );
+
+    // /metrics in the Prometheus text format passes promtool's checks.
+    let (status, body) = http_get(agent_port, "/metrics").unwrap();
+    assert_eq!(status, 200);
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running promtool");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{body}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The newest Go's process exits: its series go stale, the gauge drops.
+    procs.kill(new_pid);
+    let gone = format!(
+        r#"gostw_traced_processes{{go_version="go{}"}}"#,
+        newest.version
+    );
+    wait_until(
+        "the exited process's series to go",
+        Duration::from_secs(30),
+        || query(prom_port, &gone).is_empty().then_some(()),
+    );
+    wait_until("1 traced process", Duration::from_secs(30), || {
+        query(prom_port, "gostw_agent_executables_attached")
+            .first()
+            .filter(|(_, n)| *n == 1.0)
+            .map(|_| ())
+    });
+    let older_series = format!(
+        r#"gostw_traced_processes{{go_version="go{}"}}"#,
+        older.version
+    );
+    assert_eq!(query(prom_port, &older_series).len(), 1);
+    assert_eq!(http_get(agent_port, "/healthz").map(|r| r.0), Some(200));
+
+    // Every query of the Grafana dashboard parses and evaluates.
+    let dashboard: Value = serde_json::from_str(
+        &fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/gostw-dashboard.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$executable", ".*")
+                .replace("$container", ".*")
+                .replace("$__rate_interval", "1m");
+            let (status, body) = http_get(
+                prom_port,
+                &format!("/api/v1/query?query={}", url_encode(&expr)),
+            )
+            .unwrap();
+            assert_eq!(status, 200, "{expr}: {body}");
+        }
+    }
+}
+
+/// With exec notifications from the kernel, a new Go process is traced long
+/// before the next poll (60 s here).
+#[test]
+fn exec_notifications_trace_new_processes_before_the_next_poll() {
+    require_root();
+    let bin = build_workload("stw", &newest_go(), "", &[]);
+    let mut procs = Procs::new("agent-exec");
+    let port = free_port();
+    let matching = format!(
+        "^{}$",
+        regex::escape(&bin.canonicalize().unwrap().display().to_string())
+    );
+    let log = fs::File::create(procs.dir.join("agent.log")).unwrap();
+    procs.spawn(
+        "gostw agent",
+        Command::new(GOSTW)
+            .args(["agent", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--match", &matching, "--poll-interval", "60s"])
+            .stdout(Stdio::null())
+            .stderr(log),
+    );
+    let metric = |name: &str| -> Option<f64> {
+        let (_, body) = http_get(port, "/metrics")?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    };
+    wait_until("the agent's first poll", Duration::from_secs(30), || {
+        metric("gostw_agent_last_poll_timestamp_seconds").filter(|t| *t > 0.0)
+    });
+    let started = Instant::now();
+    procs.spawn(
+        "stw",
+        Command::new(&bin)
+            .args(["-duration", "30s", "-gc", "1", "-alloc-mb", "4"])
+            .stdout(Stdio::null()),
+    );
+    wait_until(
+        "the new process to be traced",
+        Duration::from_secs(15),
+        || metric("gostw_agent_processes_traced").filter(|n| *n == 1.0),
+    );
+    eprintln!("traced {:?} after it started", started.elapsed());
+    assert!(metric("gostw_agent_exec_notifications_total").unwrap() >= 1.0);
+}
+
+/// A process that is gone by the time its executable is attached is a
+/// "process_gone" failure (not an analysis failure that would blacklist the
+/// executable).
+#[test]
+fn a_process_gone_before_attach_is_not_held_against_its_executable() {
+    require_root();
+    let mut child = Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    let mut kernel = EbpfKernel::new(tracer::ebpf::Programs::load().unwrap());
+    match kernel.attach(pid, Path::new(&format!("/proc/{pid}/exe"))) {
+        Err(AttachError::Failed {
+            reason: FailureReason::ProcessGone,
+            ..
+        }) => {}
+        Err(other) => panic!("{other:?}"),
+        Ok(_) => panic!("attached to an exited process"),
+    }
+}
+
+fn agent_fails(args: &[&str]) -> String {
+    let out = Command::new(GOSTW)
+        .arg("agent")
+        .args(args)
+        .output()
+        .expect("running gostw");
+    assert!(!out.status.success(), "gostw agent {args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn bad_agent_options_fail_with_a_clear_message() {
+    let e = agent_fails(&["--poll-interval", "5x"]);
+    assert!(e.contains("unknown unit"), "{e}");
+    let e = agent_fails(&["--poll-interval", "1ms"]);
+    assert!(e.contains("outside 10ms..1h"), "{e}");
+    let e = agent_fails(&["--listen", "nowhere"]);
+    assert!(e.contains("--listen"), "{e}");
+    let e = agent_fails(&["--match", "(unclosed"]);
+    assert!(e.contains("not a valid regular expression"), "{e}");
+    let e = agent_fails(&["--max-executables", "0"]);
+    assert!(e.contains("--max-executables"), "{e}");
+}
+
+#[test]
+fn a_port_in_use_is_a_clear_error() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let e = agent_fails(&["--listen", &addr]);
+    assert!(
+        e.contains(&format!("cannot listen on {addr}")) && e.contains("--listen"),
+        "{e}"
+    );
+}
