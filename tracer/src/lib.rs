@@ -7,6 +7,7 @@ pub mod ebpf;
 pub mod events;
 pub mod inspect;
 pub mod kernel_support;
+pub mod faults;
 pub mod pauses;
 pub mod pipeline;
 pub mod process;

@@ -1,0 +1,135 @@
+// Command gcswap is a Go workload whose GC metadata can be pushed to swap
+// between collections: it keeps a steady live heap of small pointerful
+// objects and many parked goroutines (the runtime walks every g and every
+// heap arena inside the stop-the-world pause), then runs one GC per line
+// read from stdin ("gc"), so a helper can page the process out first. On
+// "quit" (or EOF) it prints, as one JSON line prefixed "GOSTW_REPORT ", its
+// own pause histogram, pause list and major fault count (/proc/self/stat).
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/metrics"
+	"strconv"
+	"strings"
+)
+
+type node struct {
+	left, right *node
+	payload     [4]int64
+}
+
+var (
+	live []*node
+	sink []*node
+)
+
+func build(n int) []*node {
+	out := make([]*node, n)
+	for i := range out {
+		out[i] = &node{payload: [4]int64{int64(i)}}
+		if i > 0 {
+			out[i].left = out[i-1]
+		}
+	}
+	return out
+}
+
+func main() {
+	liveMB := flag.Int("live-mb", 64, "MiB of live heap kept throughout")
+	goroutines := flag.Int("goroutines", 4000, "parked goroutines")
+	garbageMB := flag.Int("garbage-mb", 16, "MiB of garbage allocated before each GC")
+	flag.Parse()
+
+	live = build(*liveMB << 20 / 48)
+	park := make(chan struct{})
+	for i := 0; i < *goroutines; i++ {
+		go func() { <-park }()
+	}
+	runtime.GC()
+	fmt.Println("READY")
+
+	in := bufio.NewScanner(os.Stdin)
+	gcs := 0
+	for in.Scan() {
+		cmd := strings.TrimSpace(in.Text())
+		if cmd == "quit" {
+			break
+		}
+		if cmd == "gc" {
+			sink = build(*garbageMB << 20 / 48)
+			sink = nil
+			runtime.GC()
+			gcs++
+			fmt.Printf("GC %d\n", gcs)
+		}
+	}
+	runtime.KeepAlive(live)
+	close(park)
+	report(gcs)
+}
+
+// majflt reads field 12 of /proc/self/stat (after the parenthesised comm).
+func majflt() int64 {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return -1
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	v, _ := strconv.ParseInt(f[9], 10, 64)
+	return v
+}
+
+type bucket struct {
+	Ge    float64 `json:"ge"`
+	Le    float64 `json:"le"`
+	Count uint64  `json:"count"`
+}
+
+func histogram(name string) []bucket {
+	s := []metrics.Sample{{Name: name}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return nil
+	}
+	h := s[0].Value.Float64Histogram()
+	var out []bucket
+	for i, c := range h.Counts {
+		if c > 0 {
+			out = append(out, bucket{Ge: h.Buckets[i], Le: h.Buckets[i+1], Count: c})
+		}
+	}
+	return out
+}
+
+func report(gcs int) {
+	// Read before anything else stops the world or faults.
+	flt := majflt()
+	gc := histogram("/sched/pauses/total/gc:seconds")
+	if gc == nil {
+		gc = histogram("/gc/pauses:seconds")
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	var pauses []uint64
+	for i := uint32(0); i < ms.NumGC && i < 256; i++ {
+		pauses = append(pauses, ms.PauseNs[(ms.NumGC-1-i)%256])
+	}
+	out := map[string]any{
+		"go_version":     runtime.Version(),
+		"pid":            os.Getpid(),
+		"gcs":            gcs,
+		"num_gc":         ms.NumGC,
+		"majflt":         flt,
+		"gc_pause_hist":  gc,
+		"cycle_pause_ns": pauses,
+	}
+	b, _ := json.Marshal(out)
+	fmt.Printf("GOSTW_REPORT %s\n", b)
+}

@@ -1,0 +1,284 @@
+//! Major faults inside pauses, end to end on this kernel (tracepoint backend,
+//! real swap): the `gcswap` workload's anonymous memory is pushed to swap
+//! between GCs, so the next stop-the-world pause faults on swapped GC
+//! metadata. Checked against the Go runtime's own pause histogram and the
+//! kernel's `/proc/PID/stat` majflt.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use tracer::{
+    binary::GoBinary,
+    events::EventReader,
+    faults::{
+        FaultSource, FaultSummary, FaultTracer,
+        backend::{KernelSupport, attach_kprobes, load_kprobe_programs},
+        report::render_text,
+        windows::UprobePauseWindows,
+    },
+    session::Session,
+};
+use tracer_common::{counters::Counter, fault::Backend};
+
+use crate::{
+    scenario::{GcSwap, MemCgroup, SwapFile, page_out},
+    support::{build_workload, newest_go, require_root},
+};
+
+/// What gcswap says of itself at exit.
+#[derive(Debug, Deserialize)]
+pub struct GcSwapReport {
+    pub go_version: String,
+    pub pid: u32,
+    pub gcs: u32,
+    pub majflt: i64,
+    /// Non-empty buckets of Go's GC pause histogram: (upper bound s, count).
+    pub gc_pause_hist: Vec<Bucket>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Bucket {
+    pub ge: f64,
+    pub count: u64,
+}
+
+impl GcSwapReport {
+    /// Pauses Go itself counted as at least `min_s` long.
+    fn pauses_longer_than(&self, min_s: f64) -> u64 {
+        self.gc_pause_hist
+            .iter()
+            .filter(|b| b.ge >= min_s)
+            .map(|b| b.count)
+            .sum()
+    }
+}
+
+/// Paged-out GCs per run.
+const ROUNDS: usize = 4;
+const ARGS: &[&str] = &["-live-mb", "64", "-goroutines", "4000"];
+
+struct Outcome {
+    summary: FaultSummary,
+    report: GcSwapReport,
+    /// Faults gostw attributed to the workload.
+    traced_faults: u64,
+    ringbuf_full: u64,
+}
+
+/// Run gcswap traced by the tracepoint backend; page it out before each GC
+/// when `page_out_first`.
+fn run_gcswap(page_out_first: bool) -> Outcome {
+    let go = newest_go();
+    let path = build_workload("gcswap", &go, "", &[]);
+    let binary = GoBinary::open(&path).unwrap();
+    let cgroup = MemCgroup::create("gostw-faults");
+    let mut session = Session::new().unwrap();
+    let mut tracer = FaultTracer::attach(session.programs(), FaultSource::Tracepoint)
+        .expect("attaching the tracepoint backend");
+    assert_eq!(tracer.choice.backend, Backend::Tracepoint);
+    let windows = UprobePauseWindows::attach(&binary).expect("pause window uprobes");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+    let mut reader = EventReader::new(session.programs().take_events().unwrap()).unwrap();
+
+    let mut workload = GcSwap::start(&path, ARGS, |pid| {
+        cgroup.add(pid);
+        session.trace_process(pid, &binary).unwrap();
+    });
+    let pid = workload.pid;
+    tracer.add_process(pid).unwrap();
+    let mut drain = |tracer: &mut FaultTracer| {
+        reader.drain(|bytes| {
+            tracer.handle_event(bytes);
+        });
+    };
+    for _ in 0..ROUNDS {
+        if page_out_first {
+            let bytes = page_out(pid);
+            assert!(bytes > 32 << 20, "paged out only {bytes} bytes");
+            // Let the swap writes finish, then drop the clean swap cache they
+            // leave behind, or the next touch is only a minor fault.
+            std::thread::sleep(Duration::from_millis(300));
+            cgroup.force_empty();
+        }
+        workload.gc();
+        drain(&mut tracer);
+    }
+    let report: GcSwapReport =
+        serde_json::from_str(workload.quit().strip_prefix("GOSTW_REPORT ").unwrap()).unwrap();
+    drain(&mut tracer);
+    assert_eq!(report.gcs as usize, ROUNDS, "{report:?}");
+    assert!(!report.go_version.is_empty());
+    for w in windows.windows(pid).unwrap() {
+        tracer.add_window(w);
+    }
+    let summary = tracer.summary();
+    eprintln!("{}", render_text(&summary, 8));
+    eprintln!("Go's report: {report:?}");
+    let counters = session.programs().counters().unwrap();
+    eprintln!("kernel counters: {counters:?}");
+    let ringbuf_full = counters
+        .iter()
+        .find(|(c, _)| *c == Counter::RingbufFull)
+        .map_or(0, |(_, n)| *n);
+    let traced_faults = tracer.faults().iter().filter(|f| f.tgid == pid).count() as u64;
+    assert_eq!(tracer.decode_errors, 0);
+    Outcome {
+        summary,
+        report,
+        traced_faults,
+        ringbuf_full,
+    }
+}
+
+/// Runtime functions that touch GC metadata inside the sweep-termination
+/// pause (gcStart) or walk goroutines/arenas there.
+const GC_FRAMES: &[&str] = &[
+    "runtime.gcStart",
+    "runtime.gcPrepareMarkRoots",
+    "runtime.gcMarkRootPrepare",
+    "runtime.gcResetMarkState",
+    "runtime.finishsweep_m",
+    "runtime.(*spanSet).reset",
+    "runtime.nextMarkBitArenaEpoch",
+    "runtime.markrootSpans",
+    "runtime.forEachG",
+    "runtime.clearpools",
+    "runtime.gcMarkTermination",
+    "runtime.stopTheWorldWithSema",
+    "runtime.startTheWorldWithSema",
+];
+
+#[test]
+fn pageout_pauses_fault_on_gc_metadata() {
+    require_root();
+    let _swap = SwapFile::create("faults-pageout", 2);
+    let Outcome {
+        summary,
+        report,
+        traced_faults,
+        ringbuf_full,
+    } = run_gcswap(true);
+    assert_eq!(ringbuf_full, 0, "events were dropped");
+    let proc = summary
+        .processes
+        .iter()
+        .find(|p| p.tgid == report.pid)
+        .expect("no faults for the workload");
+
+    // Every paged-out GC has a pause with major faults.
+    let faulting: Vec<_> = summary
+        .pauses
+        .iter()
+        .filter(|p| p.window.tgid == report.pid && p.all.faults > 0)
+        .collect();
+    assert!(
+        faulting.len() >= ROUNDS,
+        "{} pauses with major faults, expected at least {ROUNDS}",
+        faulting.len()
+    );
+    // Their faults are swap-ins of runtime GC code.
+    let sites: Vec<&str> = faulting
+        .iter()
+        .flat_map(|p| p.top_sites.iter())
+        .flat_map(|s| s.stack.iter().map(String::as_str))
+        .collect();
+    assert!(
+        GC_FRAMES.iter().any(|f| sites.contains(f)),
+        "no runtime GC frame among the pause fault sites: {sites:?}"
+    );
+    for p in &faulting {
+        let top = &p.top_sites[0];
+        assert!(top.stack.len() >= 5, "short stack at the top site: {top:?}");
+    }
+    assert!(proc.in_pauses.swap_in > 0);
+
+    // Go's own histogram agrees these pauses were long. The stopping thread
+    // faults one fault after another inside the pause, so each pause lasted
+    // at least its stopper's fault time: Go must count at least ROUNDS pauses
+    // of half the ROUNDS-th largest such time (half: histogram bucket edges,
+    // and faults before Go's own clock starts inside stopTheWorldWithSema).
+    let mut stopper_ns: Vec<u64> = faulting.iter().map(|p| p.stopper.fault_ns).collect();
+    stopper_ns.sort_unstable_by(|a, b| b.cmp(a));
+    let threshold_ns = stopper_ns[ROUNDS - 1];
+    assert!(
+        threshold_ns >= 500_000,
+        "the {ROUNDS} longest faulting pauses should each spend 0.5 ms or more in faults: {stopper_ns:?}"
+    );
+    let go_long = report.pauses_longer_than(threshold_ns as f64 / 2e9);
+    assert!(
+        go_long >= ROUNDS as u64,
+        "gostw saw {ROUNDS} pauses with >= {threshold_ns} ns of faults, Go counted {go_long} pauses of half that"
+    );
+
+    // Fault counts agree with the kernel's own counter (read by the workload
+    // at its report, after its last GC). gostw sees faults after that read
+    // too (exit), and the kernel counts get_user_pages faults (futex, /proc
+    // readers) that raise no perf event: allow 0.5% + 5 either way.
+    let majflt = report.majflt as u64;
+    let tolerance = majflt / 200 + 5;
+    assert!(
+        traced_faults.abs_diff(majflt) <= tolerance,
+        "gostw counted {traced_faults} major faults, /proc/PID/stat says {majflt}"
+    );
+
+    // Own and other waits both occur, and add up to the blocked time.
+    let t = proc.all;
+    assert!(t.wait_own_ns > 0, "no own waits: {t:?}");
+    assert!(t.wait_other_ns > 0, "no other waits: {t:?}");
+    assert_eq!(t.wait_own_ns + t.wait_other_ns, t.blocked_ns);
+    assert!(
+        t.blocked_ns <= t.fault_ns,
+        "blocked longer than the faults: {t:?}"
+    );
+    eprintln!(
+        "pageout: {} faults (majflt {majflt}), {} pauses with faults, own {:.1} ms, other {:.1} ms",
+        traced_faults,
+        faulting.len(),
+        t.wait_own_ns as f64 / 1e6,
+        t.wait_other_ns as f64 / 1e6
+    );
+}
+
+#[test]
+fn without_pageout_pauses_have_no_faults() {
+    require_root();
+    let Outcome {
+        summary, report, ..
+    } = run_gcswap(false);
+    let proc = summary.processes.iter().find(|p| p.tgid == report.pid);
+    let in_pauses = proc.map_or(0, |p| p.in_pauses.faults);
+    let pauses = summary
+        .pauses
+        .iter()
+        .filter(|p| p.window.tgid == report.pid)
+        .count();
+    assert!(pauses >= 2 * ROUNDS, "only {pauses} pauses seen");
+    assert_eq!(in_pauses, 0, "faults inside pauses without page-out");
+}
+
+#[test]
+fn kprobe_backend_loads_but_cannot_attach_here() {
+    require_root();
+    let mut session = Session::new().unwrap();
+    load_kprobe_programs(session.programs()).expect("kprobe programs must pass the verifier");
+    let support = KernelSupport::detect();
+    assert!(
+        support.kprobes.is_err(),
+        "this kernel was expected to lack kprobes"
+    );
+    let choice = support.choose(FaultSource::Auto).unwrap();
+    assert_eq!(choice.backend, Backend::Tracepoint, "{choice:?}");
+    assert!(support.choose(FaultSource::Kprobe).is_err());
+    // Attaching anyway fails with a message that says what to do.
+    let err = attach_kprobes(
+        session.programs(),
+        &[("fault_kp_swap_entry", "do_swap_page")],
+    )
+    .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("--fault-source tracepoint"), "{msg}");
+}
