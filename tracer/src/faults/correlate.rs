@@ -22,6 +22,18 @@ pub struct PauseWindow {
     pub end_ns: u64,
 }
 
+impl From<&crate::pauses::PauseRecord> for PauseWindow {
+    /// The pause as Go counts it (start and duration of the record).
+    fn from(p: &crate::pauses::PauseRecord) -> Self {
+        PauseWindow {
+            tgid: p.pid,
+            stopper_tid: p.tid,
+            start_ns: p.start_mono_ns,
+            end_ns: p.start_mono_ns + p.duration_ns,
+        }
+    }
+}
+
 /// What was read back in a major fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
