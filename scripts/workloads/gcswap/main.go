@@ -2,7 +2,10 @@
 // between collections: it keeps a steady live heap of small pointerful
 // objects and many parked goroutines (the runtime walks every g and every
 // heap arena inside the stop-the-world pause), then runs one GC per line
-// read from stdin ("gc"), so a helper can page the process out first. On
+// read from stdin ("gc"), so a helper can page the process out first.
+// Before each GC, -walkers goroutines read the whole live heap in the same
+// order at the same time, so after a page-out one thread waits on reads
+// another issued. On
 // "quit" (or EOF) it prints, as one JSON line prefixed "GOSTW_REPORT ", its
 // own pause histogram, pause list and major fault count (/proc/self/stat).
 package main
@@ -17,6 +20,8 @@ import (
 	"runtime/metrics"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 )
 
 type node struct {
@@ -25,9 +30,27 @@ type node struct {
 }
 
 var (
-	live []*node
-	sink []*node
+	live    []*node
+	sink    []*node
+	walkSum int64
 )
+
+// walk reads every live node from n goroutines at once.
+func walk(n int) {
+	var wg sync.WaitGroup
+	for w := 0; w < n; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var s int64
+			for _, x := range live {
+				s += x.payload[0]
+			}
+			atomic.AddInt64(&walkSum, s)
+		}()
+	}
+	wg.Wait()
+}
 
 func build(n int) []*node {
 	out := make([]*node, n)
@@ -44,6 +67,7 @@ func main() {
 	liveMB := flag.Int("live-mb", 64, "MiB of live heap kept throughout")
 	goroutines := flag.Int("goroutines", 4000, "parked goroutines")
 	garbageMB := flag.Int("garbage-mb", 16, "MiB of garbage allocated before each GC")
+	walkers := flag.Int("walkers", 2, "goroutines reading the live heap before each GC")
 	flag.Parse()
 
 	live = build(*liveMB << 20 / 48)
@@ -62,6 +86,7 @@ func main() {
 			break
 		}
 		if cmd == "gc" {
+			walk(*walkers)
 			sink = build(*garbageMB << 20 / 48)
 			sink = nil
 			runtime.GC()

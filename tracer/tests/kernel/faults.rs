@@ -22,7 +22,7 @@ use tracer_common::{counters::Counter, fault::Backend};
 
 use crate::{
     scenario::{GcSwap, MemCgroup, SwapFile, page_out},
-    support::{build_workload, newest_go, require_root},
+    support::{GoToolchain, build_workload, go_matrix, newest_go, require_root},
 };
 
 /// What gcswap says of itself at exit.
@@ -67,9 +67,8 @@ struct Outcome {
 
 /// Run gcswap traced by the tracepoint backend; page it out before each GC
 /// when `page_out_first`.
-fn run_gcswap(page_out_first: bool) -> Outcome {
-    let go = newest_go();
-    let path = build_workload("gcswap", &go, "", &[]);
+fn run_gcswap(go: &GoToolchain, page_out_first: bool) -> Outcome {
+    let path = build_workload("gcswap", go, "", &[]);
     let binary = GoBinary::open(&path).unwrap();
     let cgroup = MemCgroup::create("gostw-faults");
     let mut session = Session::new().unwrap();
@@ -152,16 +151,29 @@ const GC_FRAMES: &[&str] = &[
     "runtime.startTheWorldWithSema",
 ];
 
+/// The oldest and the newest Go of the matrix: the runtime's GC code moved
+/// between them, the faulting sites must be found in both.
 #[test]
 fn pageout_pauses_fault_on_gc_metadata() {
     require_root();
     let _swap = SwapFile::create("faults-pageout", 2);
+    let oldest = go_matrix()
+        .into_iter()
+        .min_by_key(GoToolchain::major_minor)
+        .unwrap();
+    for go in [oldest, newest_go()] {
+        eprintln!("== Go {}", go.version);
+        check_pageout(&go);
+    }
+}
+
+fn check_pageout(go: &GoToolchain) {
     let Outcome {
         summary,
         report,
         traced_faults,
         ringbuf_full,
-    } = run_gcswap(true);
+    } = run_gcswap(go, true);
     assert_eq!(ringbuf_full, 0, "events were dropped");
     let proc = summary
         .processes
@@ -235,7 +247,8 @@ fn pageout_pauses_fault_on_gc_metadata() {
         "blocked longer than the faults: {t:?}"
     );
     eprintln!(
-        "pageout: {} faults (majflt {majflt}), {} pauses with faults, own {:.1} ms, other {:.1} ms",
+        "pageout, Go {}: {} faults (majflt {majflt}), {} pauses with faults, own {:.1} ms, other {:.1} ms",
+        go.version,
         traced_faults,
         faulting.len(),
         t.wait_own_ns as f64 / 1e6,
@@ -248,7 +261,7 @@ fn without_pageout_pauses_have_no_faults() {
     require_root();
     let Outcome {
         summary, report, ..
-    } = run_gcswap(false);
+    } = run_gcswap(&newest_go(), false);
     let proc = summary.processes.iter().find(|p| p.tgid == report.pid);
     let in_pauses = proc.map_or(0, |p| p.in_pauses.faults);
     let pauses = summary
