@@ -152,12 +152,47 @@ pub struct ProcessFaults {
     pub top_sites_outside_pauses: Vec<FaultSite>,
 }
 
+/// A distribution, from an HDR histogram (3 significant digits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Distribution {
+    pub count: u64,
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+    pub max: u64,
+}
+
+impl Distribution {
+    fn of(values: impl Iterator<Item = u64>) -> Distribution {
+        let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("3 significant digits is valid");
+        for v in values {
+            h.saturating_record(v);
+        }
+        if h.is_empty() {
+            return Distribution::default();
+        }
+        Distribution {
+            count: h.len(),
+            p50: h.value_at_quantile(0.5),
+            p90: h.value_at_quantile(0.9),
+            p99: h.value_at_quantile(0.99),
+            max: h.max(),
+        }
+    }
+}
+
 /// The whole report.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct FaultSummary {
     /// The kernel backend that produced the faults.
     pub backend: String,
     pub processes: Vec<ProcessFaults>,
+    /// Major faults per pause, over every pause.
+    pub faults_per_pause: Distribution,
+    /// Duration (begin to end, ns) of faults inside pauses.
+    pub fault_ns_in_pauses: Distribution,
+    /// Duration (ns) of faults outside pauses.
+    pub fault_ns_outside_pauses: Distribution,
     /// Every pause, in time order, with its faults (zero for most).
     pub pauses: Vec<PauseFaults>,
 }
@@ -246,6 +281,16 @@ impl FaultCorrelator {
         }
         pauses.sort_by_key(|p| (p.window.start_ns, p.window.tgid));
 
+        // Durations, where the begin is known, inside and outside pauses.
+        let durations = |inside: bool| {
+            per_process
+                .values()
+                .flat_map(move |(i, o)| if inside { i } else { o })
+                .filter(|f| f.begin_ns != 0)
+                .map(|f| f.duration_ns())
+                .collect::<Vec<_>>()
+        };
+        let (in_ns, out_ns) = (durations(true), durations(false));
         let processes = per_process
             .into_iter()
             .map(|(tgid, (inside, outside))| {
@@ -274,6 +319,9 @@ impl FaultCorrelator {
         FaultSummary {
             backend: self.backend.clone(),
             processes,
+            faults_per_pause: Distribution::of(pauses.iter().map(|p| p.all.faults)),
+            fault_ns_in_pauses: Distribution::of(in_ns.into_iter()),
+            fault_ns_outside_pauses: Distribution::of(out_ns.into_iter()),
             pauses,
         }
     }
@@ -369,6 +417,11 @@ mod tests {
         assert_eq!(p1.pauses_with_faults, 2);
         assert_eq!(p1.top_sites_outside_pauses[0].function, "main.work");
         assert_eq!(p1.top_sites_outside_pauses[0].faults, 2);
+        assert_eq!(s.faults_per_pause.count, 2);
+        assert_eq!(s.faults_per_pause.max, 1);
+        assert_eq!(s.fault_ns_in_pauses.count, 2);
+        assert_eq!(s.fault_ns_outside_pauses.count, 3);
+        assert_eq!(s.fault_ns_in_pauses.max, 1_000);
         let p2 = &s.processes[1];
         assert_eq!((p2.tgid, p2.in_pauses.faults, p2.pauses), (2, 0, 0));
     }

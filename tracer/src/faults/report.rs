@@ -43,6 +43,19 @@ fn sites(out: &mut String, indent: &str, sites: &[FaultSite]) {
 pub fn render_text(summary: &FaultSummary, max_pauses: usize) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "major page faults (backend: {})", summary.backend);
+    let d = &summary.fault_ns_in_pauses;
+    if d.count > 0 {
+        let _ = writeln!(
+            out,
+            "faults per pause: p50 {} p99 {} max {}; fault time in pauses: p50 {} p99 {} max {}",
+            summary.faults_per_pause.p50,
+            summary.faults_per_pause.p99,
+            summary.faults_per_pause.max,
+            ms(d.p50),
+            ms(d.p99),
+            ms(d.max)
+        );
+    }
     for p in &summary.processes {
         let _ = writeln!(out, "pid {}: {}", p.tgid, totals(&p.all));
         let _ = writeln!(
