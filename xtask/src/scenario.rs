@@ -23,6 +23,9 @@ pub enum Scenario {
     Pageout,
     /// The same workload without page-out: pauses with no faults.
     Control,
+    /// A memory cgroup with a limit, a neighbour re-reading a large buffer,
+    /// and a Go process with allocation spikes: natural GCs under reclaim.
+    Neighbour,
 }
 
 pub fn run(opts: &Options) -> anyhow::Result<()> {
@@ -32,6 +35,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let test = match opts.name {
         Scenario::Pageout => "faults::pageout_pauses_fault_on_gc_metadata",
         Scenario::Control => "faults::without_pageout_pauses_have_no_faults",
+        Scenario::Neighbour => "faults::neighbour_pressure_faults_agree_with_majflt",
     };
     step(&format!("scenario: {test}"));
     exec(

@@ -8,6 +8,11 @@
 // another issued. On
 // "quit" (or EOF) it prints, as one JSON line prefixed "GOSTW_REPORT ", its
 // own pause histogram, pause list and major fault count (/proc/self/stat).
+//
+// Two more modes serve the memory-cgroup scenario: -spike-every allocates
+// -spike-mb of garbage periodically in the background (natural GCs), and
+// -neighbour-mb makes the process a neighbour that only holds a buffer and
+// re-reads it every -reread, competing for the cgroup's memory.
 package main
 
 import (
@@ -22,6 +27,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 type node struct {
@@ -68,7 +74,16 @@ func main() {
 	goroutines := flag.Int("goroutines", 4000, "parked goroutines")
 	garbageMB := flag.Int("garbage-mb", 16, "MiB of garbage allocated before each GC")
 	walkers := flag.Int("walkers", 2, "goroutines reading the live heap before each GC")
+	spikeEvery := flag.Duration("spike-every", 0, "allocate -spike-mb of garbage this often")
+	spikeMB := flag.Int("spike-mb", 32, "MiB of garbage per allocation spike")
+	neighbourMB := flag.Int("neighbour-mb", 0, "be a neighbour holding and re-reading this many MiB")
+	reread := flag.Duration("reread", 50*time.Millisecond, "neighbour: re-read period")
 	flag.Parse()
+
+	if *neighbourMB > 0 {
+		neighbour(*neighbourMB, *reread)
+		return
+	}
 
 	live = build(*liveMB << 20 / 48)
 	park := make(chan struct{})
@@ -76,6 +91,14 @@ func main() {
 		go func() { <-park }()
 	}
 	runtime.GC()
+	if *spikeEvery > 0 {
+		go func() {
+			for range time.Tick(*spikeEvery) {
+				spike := build(*spikeMB << 20 / 48)
+				runtime.KeepAlive(spike)
+			}
+		}()
+	}
 	fmt.Println("READY")
 
 	in := bufio.NewScanner(os.Stdin)
@@ -97,6 +120,33 @@ func main() {
 	runtime.KeepAlive(live)
 	close(park)
 	report(gcs)
+}
+
+// neighbour holds mb MiB and reads one byte of every page each period,
+// until stdin closes.
+func neighbour(mb int, period time.Duration) {
+	buf := make([]byte, mb<<20)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	fmt.Println("READY")
+	done := make(chan struct{})
+	go func() {
+		bufio.NewScanner(os.Stdin).Scan()
+		close(done)
+	}()
+	var s byte
+	for {
+		select {
+		case <-done:
+			fmt.Println("GOSTW_REPORT {}", s)
+			return
+		case <-time.After(period):
+		}
+		for i := 0; i < len(buf); i += 4096 {
+			s += buf[i]
+		}
+	}
 }
 
 // majflt reads field 12 of /proc/self/stat (after the parenthesised comm).

@@ -164,7 +164,9 @@ pub struct Distribution {
 
 impl Distribution {
     fn of(values: impl Iterator<Item = u64>) -> Distribution {
-        let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("3 significant digits is valid");
+        // Up to an hour in ns; larger values are clamped.
+        let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3)
+            .expect("valid bounds");
         for v in values {
             h.saturating_record(v);
         }
@@ -422,6 +424,10 @@ mod tests {
         assert_eq!(s.fault_ns_in_pauses.count, 2);
         assert_eq!(s.fault_ns_outside_pauses.count, 3);
         assert_eq!(s.fault_ns_in_pauses.max, 1_000);
+        // Large values are kept (3 significant digits), not clamped.
+        let d = Distribution::of([40_000_000u64, 100_000].into_iter());
+        assert_eq!(d.max / 1_000_000, 40);
+        assert_eq!(d.p50 / 1_000, 100);
         let p2 = &s.processes[1];
         assert_eq!((p2.tgid, p2.in_pauses.faults, p2.pauses), (2, 0, 0));
     }

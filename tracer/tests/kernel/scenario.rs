@@ -164,12 +164,18 @@ pub struct GcSwap {
 impl GcSwap {
     /// Start `binary` stopped, let `before_exec` see its pid (add it to the
     /// traced set, a cgroup), then run it until it is ready.
-    pub fn start(binary: &std::path::Path, args: &[&str], before_exec: impl FnOnce(u32)) -> GcSwap {
+    pub fn start(
+        binary: &std::path::Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        before_exec: impl FnOnce(u32),
+    ) -> GcSwap {
         let stopped = StoppedChild::spawn(
             binary.as_os_str(),
             &args.iter().map(|a| a.as_ref()).collect::<Vec<_>>(),
             |cmd| {
                 cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+                cmd.envs(env.iter().copied());
             },
         )
         .expect("spawning gcswap");
