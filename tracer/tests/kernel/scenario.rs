@@ -153,6 +153,14 @@ pub fn page_out(pid: u32) -> u64 {
     total
 }
 
+/// Major faults of `pid` (`/proc/PID/stat` field 12: the whole process,
+/// exited threads included).
+pub fn majflt(pid: u32) -> u64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).expect("reading stat");
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    rest.split_whitespace().nth(9).unwrap().parse().unwrap()
+}
+
 /// The `gcswap` workload: one GC per `gc()`, report on `quit()`. Killed on drop.
 pub struct GcSwap {
     pub pid: u32,
@@ -212,14 +220,29 @@ impl GcSwap {
         self.expect_line("GC ");
     }
 
-    /// Ask for the report and wait for the exit.
-    pub fn quit(mut self) -> String {
+    /// Ask for the report and wait for the exit. Returns the report line
+    /// and the process's major faults over its whole life, read from
+    /// `/proc/PID/stat` while it is a zombie (exited, not yet reaped).
+    pub fn quit(mut self) -> (String, u64) {
         writeln!(self.stdin.as_mut().unwrap(), "quit").unwrap();
         let report = self.expect_line("GOSTW_REPORT ");
         self.stdin = None;
+        // SAFETY: waitid on our own child with a valid siginfo; WNOWAIT
+        // leaves it unreaped so its /proc entry stays.
+        let ret = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(
+                libc::P_PID,
+                self.pid,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        assert_eq!(ret, 0, "waitid: {}", std::io::Error::last_os_error());
+        let majflt = majflt(self.pid);
         let status = self.child.wait().expect("waiting for gcswap");
         assert!(status.success(), "gcswap failed: {status:?}");
-        report
+        (report, majflt)
     }
 }
 
