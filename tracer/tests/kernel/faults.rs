@@ -55,7 +55,12 @@ impl GcSwapReport {
 
 /// Paged-out GCs per run.
 const ROUNDS: usize = 4;
-const ARGS: &[&str] = &["-live-mb", "64", "-goroutines", "4000"];
+/// Eight walkers on eight Ps: a thread blocked in a fault keeps its P, so
+/// only GOMAXPROCS threads can wait at once, and with the leader of the walk
+/// waiting on its read, the others queue behind it on the same pages
+/// (other-thread waits) however busy the machine's two CPUs are.
+const ARGS: &[&str] = &["-live-mb", "64", "-goroutines", "4000", "-walkers", "8"];
+const ENV: &[(&str, &str)] = &[("GOMAXPROCS", "8")];
 
 struct Outcome {
     summary: FaultSummary,
@@ -72,7 +77,7 @@ struct Outcome {
 fn run_gcswap(go: &GoToolchain, page_out_first: bool) -> Outcome {
     let cgroup = MemCgroup::create("gostw-faults");
     let mut rounds = 0;
-    let outcome = run_traced(go, ARGS, &[], &cgroup, |workload| {
+    let outcome = run_traced(go, ARGS, ENV, &cgroup, |workload| {
         if page_out_first {
             let bytes = page_out(workload.pid);
             assert!(bytes > 32 << 20, "paged out only {bytes} bytes");
