@@ -12,17 +12,32 @@ use std::{
 
 use tracer::process::StoppedChild;
 
-/// A swap file, enabled while this value lives.
+/// A swap file, enabled while this value lives (or the swap the machine
+/// already has, e.g. the VM's swap disk, left alone).
 pub struct SwapFile {
-    path: PathBuf,
+    path: Option<PathBuf>,
+}
+
+/// Swap already enabled on this machine, in kB.
+fn swap_total_kb() -> u64 {
+    fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("SwapTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 impl SwapFile {
-    /// `fallocate`, `mkswap`, `swapon` a file of `gib` GiB under /var/tmp.
+    /// `fallocate`, `mkswap`, `swapon` a file of `gib` GiB under /var/tmp,
+    /// unless at least that much swap is already enabled.
     pub fn create(name: &str, gib: u32) -> SwapFile {
+        if swap_total_kb() >= u64::from(gib) << 20 {
+            return SwapFile { path: None };
+        }
         let path = PathBuf::from(format!("/var/tmp/gostw-{name}-{}.swap", std::process::id()));
-        let me = SwapFile { path };
-        let p = me.path.to_str().unwrap();
+        let me = SwapFile { path: Some(path) };
+        let p = me.path.as_ref().unwrap().to_str().unwrap();
         run(Command::new("fallocate").args(["-l", &format!("{gib}G"), p]));
         run(Command::new("chmod").args(["600", p]));
         run(Command::new("mkswap").arg(p));
@@ -33,8 +48,10 @@ impl SwapFile {
 
 impl Drop for SwapFile {
     fn drop(&mut self) {
-        let _ = Command::new("swapoff").arg(&self.path).status();
-        let _ = fs::remove_file(&self.path);
+        if let Some(path) = &self.path {
+            let _ = Command::new("swapoff").arg(path).status();
+            let _ = fs::remove_file(path);
+        }
     }
 }
 
@@ -49,23 +66,41 @@ fn run(cmd: &mut Command) {
     );
 }
 
-/// A cgroup v1 memory group; its processes are killed and the group removed
-/// on drop.
+/// A memory cgroup (v1 where its memory controller is mounted, as on these
+/// machines, else v2, as in the VM); its processes are killed and the group
+/// removed on drop.
 pub struct MemCgroup {
     pub path: PathBuf,
+    v2: bool,
 }
+
+const CGROUP_V1_MEMORY: &str = "/sys/fs/cgroup/memory";
+const CGROUP_V2: &str = "/sys/fs/cgroup";
 
 impl MemCgroup {
     pub fn create(name: &str) -> MemCgroup {
-        let path =
-            PathBuf::from("/sys/fs/cgroup/memory").join(format!("{name}-{}", std::process::id()));
-        fs::create_dir_all(&path).unwrap_or_else(|e| {
-            panic!(
-                "creating {} (cgroup v1 memory controller): {e}",
-                path.display()
-            )
-        });
-        MemCgroup { path }
+        let v2 = !std::path::Path::new(CGROUP_V1_MEMORY)
+            .join("memory.limit_in_bytes")
+            .exists();
+        let root = if v2 {
+            // The memory controller must be enabled for the root's children.
+            let _ = fs::write(
+                std::path::Path::new(CGROUP_V2).join("cgroup.subtree_control"),
+                "+memory",
+            );
+            CGROUP_V2
+        } else {
+            CGROUP_V1_MEMORY
+        };
+        let path = PathBuf::from(root).join(format!("{name}-{}", std::process::id()));
+        fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("creating {} (memory cgroup): {e}", path.display()));
+        MemCgroup { path, v2 }
+    }
+
+    /// Whether this is a cgroup v1 memory group (v2 names its files differently).
+    pub fn is_v1(&self) -> bool {
+        !self.v2
     }
 
     pub fn write(&self, file: &str, value: &str) {
@@ -81,7 +116,13 @@ impl MemCgroup {
     /// behind (clean, unmapped, still "in memory": the next touch would be a
     /// minor fault) and whatever is still mapped.
     pub fn force_empty(&self) {
-        self.write("memory.force_empty", "0");
+        if self.v2 {
+            // Asks for more than the group holds: reclaims what it can and
+            // answers EAGAIN for the rest, which is fine here.
+            let _ = fs::write(self.path.join("memory.reclaim"), "4G");
+        } else {
+            self.write("memory.force_empty", "0");
+        }
     }
 }
 
