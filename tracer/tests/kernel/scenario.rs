@@ -30,9 +30,9 @@ fn swap_total_kb() -> u64 {
 
 impl SwapFile {
     /// `fallocate`, `mkswap`, `swapon` a file of `gib` GiB under /var/tmp,
-    /// unless at least that much swap is already enabled.
+    /// unless at least half that much swap is already enabled.
     pub fn create(name: &str, gib: u32) -> SwapFile {
-        if swap_total_kb() >= u64::from(gib) << 20 {
+        if swap_total_kb() >= u64::from(gib) << 19 {
             return SwapFile { path: None };
         }
         let path = PathBuf::from(format!("/var/tmp/gostw-{name}-{}.swap", std::process::id()));
