@@ -31,6 +31,9 @@ pub static FAULT_STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
 /// Internal `FaultState::flags` bit (never sent): an attempt of this fault
 /// returned VM_FAULT_MAJOR (kprobe backend).
 pub const STATE_MAJOR_SEEN: u32 = 1 << 31;
+/// Internal `FaultState::flags` bit: this fault's event was already sent
+/// (kprobe backend, at its first VM_FAULT_RETRY).
+pub const STATE_EMITTED: u32 = 1 << 30;
 
 /// `bpf_ktime_get_ns`.
 #[inline(always)]
@@ -127,7 +130,7 @@ pub fn emit<C: StackIdContext>(
             wait_own_ns: s.wait_own_ns,
             wait_other_ns: s.wait_other_ns,
             user_stack_id,
-            flags: s.flags & !STATE_MAJOR_SEEN,
+            flags: s.flags & !(STATE_MAJOR_SEEN | STATE_EMITTED),
             reads_issued: s.reads_issued,
             backend: backend as u32,
         },

@@ -1,9 +1,13 @@
 //! Major-fault backend built from kprobes (the design card's probes), for
 //! kernels with CONFIG_KPROBES. A fault is one call of `do_swap_page` (anonymous
 //! memory read back from swap) or `filemap_fault` (file page cache miss); it
-//! is major when the call returns VM_FAULT_MAJOR, or when an earlier attempt
-//! did and was retried. Waits are the time spent in the page-lock slow path,
-//! own when this thread issued the swap read itself.
+//! is major when the call returns VM_FAULT_MAJOR, or when it returns
+//! VM_FAULT_RETRY: the kernel counts every retried fault as major
+//! (`mm_account_fault`, FAULT_FLAG_TRIED), and the retry often never comes
+//! back here (another thread mapped the page meanwhile), so such a fault is
+//! sent at its first RETRY and its retry, if seen, is folded into it. Waits
+//! are the time spent in the page-lock slow path, own when this thread issued
+//! the swap read itself.
 //!
 //! Each probe names the kernel function signature it depends on; names moved
 //! across releases (`swap_readpage` -> `swap_read_folio` about 6.8,
@@ -19,7 +23,8 @@ use tracer_common::fault::{Backend, FaultEvent};
 
 use crate::{
     fault::{
-        FAULT_STATE, STATE_MAJOR_SEEN, begin, close_blocked, current_ids, emit, now, state_mut,
+        FAULT_STATE, STATE_EMITTED, STATE_MAJOR_SEEN, begin, close_blocked, current_ids, emit,
+        now, state_mut,
     },
     maps::traced,
 };
@@ -30,23 +35,11 @@ const VM_FAULT_RETRY: u32 = 0x0400;
 /// Offset of `address` in `struct vm_fault` (after `vma`, `gfp_mask`, `pgoff`;
 /// unchanged since 5.x).
 const VM_FAULT_ADDRESS: usize = 24;
-/// A retried fault whose next attempt does not come within this long is
-/// forgotten (the retry found the page present, so no probe saw it end).
-const RETRY_STALE_NS: u64 = 1_000_000_000;
 
 #[inline(always)]
 fn fault_entry(ctx: &ProbeContext, flags: u32) -> u32 {
     let (tgid, tid) = current_ids();
     if traced(tgid).is_none() {
-        return 0;
-    }
-    if let Some(state) = state_mut(tid)
-        && state.retry_pending != 0
-        && now().saturating_sub(state.begin_ns) < RETRY_STALE_NS
-    {
-        // The retry of a fault that dropped the mmap lock: same fault.
-        state.retry_pending = 0;
-        state.flags |= FaultEvent::FLAG_RETRIED | flags;
         return 0;
     }
     let vmf: *const u8 = ctx.arg(0).unwrap_or(core::ptr::null());
@@ -56,6 +49,15 @@ fn fault_entry(ctx: &ProbeContext, flags: u32) -> u32 {
         // SAFETY: a kernel pointer read through the helper, which checks it.
         unsafe { bpf_probe_read_kernel(vmf.add(VM_FAULT_ADDRESS).cast::<u64>()) }.unwrap_or(0)
     };
+    if let Some(state) = state_mut(tid)
+        && state.retry_pending != 0
+        && state.address == address
+    {
+        // The retry of a fault that dropped the mmap lock: same fault.
+        state.retry_pending = 0;
+        state.flags |= FaultEvent::FLAG_RETRIED | flags;
+        return 0;
+    }
     begin(tid, address, 0, flags);
     0
 }
@@ -73,16 +75,21 @@ fn fault_return(ctx: &RetProbeContext) -> u32 {
     if ret & VM_FAULT_MAJOR != 0 {
         state.flags |= STATE_MAJOR_SEEN;
     }
-    if ret & VM_FAULT_RETRY != 0 {
-        state.retry_pending = 1;
-        return 0;
-    }
-    if state.flags & (STATE_MAJOR_SEEN | FaultEvent::FLAG_RETRIED) != 0 {
+    let retry = ret & VM_FAULT_RETRY != 0;
+    if (retry || state.flags & STATE_MAJOR_SEEN != 0) && state.flags & STATE_EMITTED == 0 {
         close_blocked(state, now());
+        if retry {
+            state.flags |= FaultEvent::FLAG_RETRIED;
+        }
         let address = state.address;
         emit(ctx, tgid, tid, Some(state), address, Backend::Kprobe);
+        state.flags |= STATE_EMITTED;
     }
-    let _ = FAULT_STATE.remove(tid);
+    if retry {
+        state.retry_pending = 1;
+    } else {
+        let _ = FAULT_STATE.remove(tid);
+    }
     0
 }
 
