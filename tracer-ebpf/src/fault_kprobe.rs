@@ -23,8 +23,8 @@ use tracer_common::fault::{Backend, FaultEvent};
 
 use crate::{
     fault::{
-        FAULT_STATE, STATE_EMITTED, STATE_MAJOR_SEEN, begin, close_blocked, current_ids, emit,
-        now, state_mut,
+        FAULT_STATE, STATE_EMITTED, STATE_MAJOR_SEEN, begin, close_blocked, current_ids, emit, now,
+        state_mut,
     },
     maps::traced,
 };

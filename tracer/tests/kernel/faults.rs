@@ -75,9 +75,19 @@ struct Outcome {
 /// Run gcswap traced by the tracepoint backend; page it out before each GC
 /// when `page_out_first`.
 fn run_gcswap(go: &GoToolchain, source: FaultSource, page_out_first: bool) -> Outcome {
+    run_gcswap_env(go, source, page_out_first, ENV)
+}
+
+/// `run_gcswap` with the workload's environment given.
+fn run_gcswap_env(
+    go: &GoToolchain,
+    source: FaultSource,
+    page_out_first: bool,
+    env: &[(&str, &str)],
+) -> Outcome {
     let cgroup = MemCgroup::create("gostw-faults");
     let mut rounds = 0;
-    let outcome = run_traced(go, source, ARGS, ENV, &cgroup, |workload| {
+    let outcome = run_traced(go, source, ARGS, env, &cgroup, |workload| {
         if page_out_first {
             let bytes = page_out(workload.pid);
             assert!(bytes > 32 << 20, "paged out only {bytes} bytes");
@@ -366,13 +376,24 @@ fn kprobe_backend_pageout() {
     }
     let _swap = SwapFile::create("faults-kprobe", 1);
     let go = newest_go();
+    // Without Go's asynchronous preemption. With it, the SIGURG the runtime
+    // sends to running threads (e.g. to scan their stacks) interrupts faults
+    // that waited for I/O and returned VM_FAULT_RETRY: the kernel leaves them
+    // out of majflt, while this backend already sent them at the RETRY (their
+    // wait was real). Measured in the VM: 47474 reported vs 39751 majflt with
+    // preemption, 48255 = 48255 without.
     let Outcome {
         summary,
         report,
         final_majflt,
         traced_faults,
         ringbuf_full,
-    } = run_gcswap(&go, FaultSource::Kprobe, true);
+    } = run_gcswap_env(
+        &go,
+        FaultSource::Kprobe,
+        true,
+        &[("GOMAXPROCS", "8"), ("GODEBUG", "asyncpreemptoff=1")],
+    );
     assert_eq!(summary.backend, "kprobe");
     assert_eq!(ringbuf_full, 0, "events were dropped");
     let faulting: Vec<_> = summary
@@ -390,12 +411,7 @@ fn kprobe_backend_pageout() {
         GC_FRAMES.iter().any(|f| sites.contains(f)),
         "no runtime GC frame among the pause fault sites: {sites:?}"
     );
-    // The kprobes see faults that read swap or a file; the kernel's majflt
-    // also counts retried faults whose retry found the page already mapped.
-    assert!(
-        traced_faults <= final_majflt && traced_faults * 10 >= final_majflt * 9,
-        "kprobes counted {traced_faults} major faults, /proc/PID/stat says {final_majflt}"
-    );
+    assert_majflt_agrees(traced_faults, final_majflt, &report);
     let proc = summary
         .processes
         .iter()
