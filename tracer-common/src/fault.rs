@@ -100,6 +100,10 @@ pub mod programs {
         ("fault_tp_switch", "sched", "sched_switch"),
         ("fault_tp_wakeup", "sched", "sched_wakeup"),
     ];
+    /// The one tracepoint program the backend can do without:
+    /// `filemap:mm_filemap_fault` is missing on older kernels (6.1 LTS has none);
+    /// without it file-backed faults cannot be told from swap-ins.
+    pub const OPTIONAL_TRACEPOINT: &str = "fault_tp_filemap";
     /// Tracepoint backend: the perf software event program (`PAGE_FAULTS_MAJ`).
     pub const MAJOR_FAULT_END: &str = "fault_perf_major";
     /// kprobe backend: (program, kernel functions tried in order, is return probe).

@@ -32,8 +32,11 @@ pub enum FaultSource {
 pub struct KernelSupport {
     /// Ok: (program, kernel function) for every kprobe; Err: why not.
     pub kprobes: Result<Vec<(&'static str, &'static str)>, String>,
-    /// Ok, or which tracepoint is missing.
+    /// Ok, or which required tracepoint is missing.
     pub tracepoints: Result<(), String>,
+    /// `filemap:mm_filemap_fault` exists (not on 6.1 LTS): the tracepoint
+    /// backend can tell file-backed faults from swap-ins.
+    pub filemap_tracepoint: bool,
 }
 
 /// The backend to use and why.
@@ -41,6 +44,8 @@ pub struct KernelSupport {
 pub struct BackendChoice {
     pub backend: Backend,
     pub reason: String,
+    /// Every file-backed fault is marked, so unmarked ones are swap-ins.
+    pub file_faults_seen: bool,
 }
 
 /// Where tracefs is (mounted by `ensure_tracefs`).
@@ -95,11 +100,17 @@ impl KernelSupport {
                 .map_err(|e| format!("reading /proc/kallsyms: {e}"))?;
             resolve_kprobe_functions(&kallsyms)
         })();
+        let exists = |cat: &str, name: &str| {
+            tracefs
+                .as_ref()
+                .is_ok_and(|t| t.join("events").join(cat).join(name).is_dir())
+        };
         let tracepoints = match &tracefs {
             Err(e) => Err(format!("{e:#}")),
-            Ok(t) => programs::TRACEPOINTS
+            Ok(_) => programs::TRACEPOINTS
                 .iter()
-                .find(|(_, cat, name)| !t.join("events").join(cat).join(name).is_dir())
+                .filter(|(prog, _, _)| *prog != programs::OPTIONAL_TRACEPOINT)
+                .find(|(_, cat, name)| !exists(cat, name))
                 .map_or(Ok(()), |(_, cat, name)| {
                     Err(format!("tracepoint {cat}:{name} does not exist"))
                 }),
@@ -107,31 +118,44 @@ impl KernelSupport {
         KernelSupport {
             kprobes,
             tracepoints,
+            filemap_tracepoint: exists("filemap", "mm_filemap_fault"),
         }
     }
 
     /// Pick the backend for `source`.
     pub fn choose(&self, source: FaultSource) -> anyhow::Result<BackendChoice> {
         match (source, &self.kprobes, &self.tracepoints) {
-            (FaultSource::Kprobe | FaultSource::Auto, Ok(fns), _) => Ok(BackendChoice {
-                backend: Backend::Kprobe,
-                reason: format!(
-                    "kprobes available; probing {}",
-                    fns.iter().map(|(_, f)| *f).collect::<Vec<_>>().join(", ")
-                ),
-            }),
+            (FaultSource::Kprobe | FaultSource::Auto, Ok(fns), _) => {
+                let mut names: Vec<&str> = fns.iter().map(|(_, f)| *f).collect();
+                names.dedup();
+                Ok(BackendChoice {
+                    backend: Backend::Kprobe,
+                    reason: format!("kprobes available; probing {}", names.join(", ")),
+                    file_faults_seen: true,
+                })
+            }
             (FaultSource::Kprobe, Err(why), _) => {
                 bail!("--fault-source kprobe: {why}; use --fault-source tracepoint")
             }
-            (FaultSource::Auto | FaultSource::Tracepoint, kp, Ok(())) => Ok(BackendChoice {
-                backend: Backend::Tracepoint,
-                reason: match (source, kp) {
+            (FaultSource::Auto | FaultSource::Tracepoint, kp, Ok(())) => {
+                let mut reason = match (source, kp) {
                     (FaultSource::Auto, Err(why)) => {
                         format!("{why}; using tracepoints + perf events")
                     }
                     _ => "tracepoints + perf events requested".to_owned(),
-                },
-            }),
+                };
+                if !self.filemap_tracepoint {
+                    reason.push_str(
+                        " (this kernel has no filemap:mm_filemap_fault: file-backed and \
+                         swap-in faults are not told apart)",
+                    );
+                }
+                Ok(BackendChoice {
+                    backend: Backend::Tracepoint,
+                    reason,
+                    file_faults_seen: self.filemap_tracepoint,
+                })
+            }
             (_, _, Err(why)) => bail!("no fault backend: {why}"),
         }
     }
@@ -209,12 +233,16 @@ pub fn attach_kprobes(
     Ok(())
 }
 
-/// Attach the tracepoint backend: the tracepoints, and the major-fault perf
-/// software event on every online CPU.
-pub fn attach_tracepoints(programs: &mut Programs) -> anyhow::Result<()> {
+/// Attach the tracepoint backend: the tracepoints (the optional one only
+/// when `with_filemap`), and the major-fault perf software event on every
+/// online CPU.
+pub fn attach_tracepoints(programs: &mut Programs, with_filemap: bool) -> anyhow::Result<()> {
     ensure_tracefs()?;
     load_tracepoint_programs(programs)?;
     for (name, category, event) in programs::TRACEPOINTS {
+        if *name == programs::OPTIONAL_TRACEPOINT && !with_filemap {
+            continue;
+        }
         let prog: &mut TracePoint = programs.program_mut(name)?.try_into()?;
         prog.attach(category, event)
             .with_context(|| format!("attaching {name} to tracepoint {category}:{event}"))?;
@@ -244,7 +272,7 @@ pub fn attach(programs: &mut Programs, source: FaultSource) -> anyhow::Result<Ba
             let functions = support.kprobes.clone().map_err(anyhow::Error::msg)?;
             attach_kprobes(programs, &functions)?;
         }
-        Backend::Tracepoint => attach_tracepoints(programs)?,
+        Backend::Tracepoint => attach_tracepoints(programs, support.filemap_tracepoint)?,
     }
     log::info!("fault backend: {:?} ({})", choice.backend, choice.reason);
     Ok(choice)
@@ -285,6 +313,7 @@ ffffffff81657f60 T swap_read_folio
         let with = KernelSupport {
             kprobes: resolve_kprobe_functions(NEW_KERNEL).map_err(|e| e.to_string()),
             tracepoints: Ok(()),
+            filemap_tracepoint: true,
         };
         assert_eq!(
             with.choose(FaultSource::Auto).unwrap().backend,
@@ -297,6 +326,7 @@ ffffffff81657f60 T swap_read_folio
         let without = KernelSupport {
             kprobes: Err("no kprobes".into()),
             tracepoints: Ok(()),
+            filemap_tracepoint: true,
         };
         let c = without.choose(FaultSource::Auto).unwrap();
         assert_eq!(c.backend, Backend::Tracepoint);
@@ -306,7 +336,19 @@ ffffffff81657f60 T swap_read_folio
         let none = KernelSupport {
             kprobes: Err("no kprobes".into()),
             tracepoints: Err("tracepoint x:y does not exist".into()),
+            filemap_tracepoint: false,
         };
         assert!(none.choose(FaultSource::Auto).is_err());
+        let old = KernelSupport {
+            kprobes: Err("no kprobes".into()),
+            tracepoints: Ok(()),
+            filemap_tracepoint: false,
+        };
+        let c = old.choose(FaultSource::Auto).unwrap();
+        assert!(
+            !c.file_faults_seen && c.reason.contains("not told apart"),
+            "{c:?}"
+        );
+        assert!(with.choose(FaultSource::Auto).unwrap().file_faults_seen);
     }
 }

@@ -42,6 +42,9 @@ pub enum FaultKind {
     SwapIn,
     /// A file page (page cache miss).
     FileBacked,
+    /// Not known: the kernel lacks what tells them apart
+    /// (`filemap:mm_filemap_fault` for the tracepoint backend).
+    Unknown,
 }
 
 /// One decoded, symbolized major fault.
@@ -94,6 +97,8 @@ pub struct FaultTotals {
     pub faults: u64,
     pub swap_in: u64,
     pub file_backed: u64,
+    /// Faults whose kind the backend could not tell.
+    pub unknown_kind: u64,
     /// Sum of fault durations (begin to end).
     pub fault_ns: u64,
     /// Time blocked inside faults = `wait_own_ns + wait_other_ns`.
@@ -108,6 +113,7 @@ impl FaultTotals {
         match f.kind {
             FaultKind::SwapIn => self.swap_in += 1,
             FaultKind::FileBacked => self.file_backed += 1,
+            FaultKind::Unknown => self.unknown_kind += 1,
         }
         self.fault_ns += f.duration_ns();
         self.blocked_ns += f.blocked_ns;

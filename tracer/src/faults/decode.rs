@@ -30,13 +30,18 @@ pub fn backend_name(v: u32) -> &'static str {
 }
 
 /// A `Fault` from its event and its (already symbolized) stack.
-pub fn fault_from_event(ev: &FaultEvent, stack: Arc<[String]>) -> Fault {
+/// `file_faults_seen`: the backend marks every file-backed fault, so an
+/// unmarked one is a swap-in (false when `filemap:mm_filemap_fault` is
+/// missing).
+pub fn fault_from_event(ev: &FaultEvent, stack: Arc<[String]>, file_faults_seen: bool) -> Fault {
     let kind = if ev.flags & FaultEvent::FLAG_FILE != 0 {
         FaultKind::FileBacked
-    } else {
+    } else if ev.flags & FaultEvent::FLAG_SWAP != 0 || file_faults_seen {
         // A major fault that is not a file read is anonymous memory (or shmem)
         // read back from swap.
         FaultKind::SwapIn
+    } else {
+        FaultKind::Unknown
     };
     Fault {
         tgid: ev.header.tgid,
@@ -57,6 +62,8 @@ pub fn fault_from_event(ev: &FaultEvent, stack: Arc<[String]>) -> Fault {
 pub struct FaultDecoder {
     stacks: Option<StackTraceMap<MapData>>,
     pub symbolizer: StackSymbolizer,
+    /// See `fault_from_event`.
+    pub file_faults_seen: bool,
 }
 
 impl FaultDecoder {
@@ -65,6 +72,7 @@ impl FaultDecoder {
         FaultDecoder {
             stacks,
             symbolizer: StackSymbolizer::default(),
+            file_faults_seen: true,
         }
     }
 
@@ -81,7 +89,7 @@ impl FaultDecoder {
                     .unwrap_or_default(),
                 None => Vec::new(),
             });
-        Ok(fault_from_event(&ev, stack))
+        Ok(fault_from_event(&ev, stack, self.file_faults_seen))
     }
 }
 
@@ -158,6 +166,22 @@ mod tests {
             assert!(f.stack.is_empty(), "negative stack id means no stack");
             assert_ne!(backend_name(ev.backend), "unknown");
         }
+    }
+
+    #[test]
+    fn kind_is_unknown_without_the_filemap_tracepoint() {
+        let mut ev = event(Backend::Tracepoint, 0);
+        let none: Arc<[String]> = Arc::from(Vec::new());
+        assert_eq!(
+            fault_from_event(&ev, none.clone(), false).kind,
+            FaultKind::Unknown
+        );
+        assert_eq!(
+            fault_from_event(&ev, none.clone(), true).kind,
+            FaultKind::SwapIn
+        );
+        ev.flags = FaultEvent::FLAG_SWAP;
+        assert_eq!(fault_from_event(&ev, none, false).kind, FaultKind::SwapIn);
     }
 
     #[test]

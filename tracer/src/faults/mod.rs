@@ -43,9 +43,11 @@ impl FaultTracer {
             tracer_common::fault::Backend::Tracepoint => "tracepoint",
             tracer_common::fault::Backend::Kprobe => "kprobe",
         };
+        let mut decoder = FaultDecoder::new(Some(stacks));
+        decoder.file_faults_seen = choice.file_faults_seen;
         Ok(FaultTracer {
             choice,
-            decoder: FaultDecoder::new(Some(stacks)),
+            decoder,
             correlator: FaultCorrelator::new(name),
             decode_errors: 0,
         })

@@ -9,8 +9,13 @@ fn ms(ns: u64) -> String {
 }
 
 fn totals(t: &FaultTotals) -> String {
+    let unknown = if t.unknown_kind > 0 {
+        format!(", {} of unknown kind", t.unknown_kind)
+    } else {
+        String::new()
+    };
     format!(
-        "{} major faults ({} swap-in, {} file), {} in faults, blocked {} (own {}, other {})",
+        "{} major faults ({} swap-in, {} file{unknown}), {} in faults, blocked {} (own {}, other {})",
         t.faults,
         t.swap_in,
         t.file_backed,

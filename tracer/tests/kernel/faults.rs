@@ -213,7 +213,7 @@ const GC_FRAMES: &[&str] = &[
 #[test]
 fn pageout_pauses_fault_on_gc_metadata() {
     require_root();
-    let _swap = SwapFile::create("faults-pageout", 2);
+    let _swap = SwapFile::create("faults-pageout", 1);
     let oldest = go_matrix()
         .into_iter()
         .min_by_key(GoToolchain::major_minor)
@@ -437,7 +437,7 @@ fn kprobe_backend_pageout() {
 #[test]
 fn neighbour_pressure_faults_agree_with_majflt() {
     require_root();
-    let _swap = SwapFile::create("faults-neighbour", 2);
+    let _swap = SwapFile::create("faults-neighbour", 1);
     let cgroup = MemCgroup::create("gostw-faults-neighbour");
     let limit = (200u64 << 20).to_string();
     if cgroup.is_v1() {
