@@ -5,15 +5,14 @@
 //! Wiring into a session: `FaultTracer::attach(&mut programs, source)` after
 //! loading the programs, `add_process(pid)` for each traced process, hand every
 //! ring-buffer event to `handle_event` (non-fault kinds are ignored), feed
-//! pause windows with `add_window`, then `summary()` (Serialize) or
-//! `report::render_text`.
+//! each pause record of the pipeline as `add_window(PauseWindow::from(&rec))`,
+//! then `summary()` (Serialize) or `report::render_text`.
 
 pub mod backend;
 pub mod correlate;
 pub mod decode;
 pub mod report;
 pub mod symbols;
-pub mod windows;
 
 use aya::maps::StackTraceMap;
 use tracer_common::{event::EventKind, map_names};

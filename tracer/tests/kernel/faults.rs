@@ -11,11 +11,12 @@ use tracer::{
     binary::GoBinary,
     events::EventReader,
     faults::{
-        FaultSource, FaultSummary, FaultTracer,
+        FaultSource, FaultSummary, FaultTracer, PauseWindow,
         backend::{KernelSupport, attach_kprobes, load_kprobe_programs},
         report::render_text,
-        windows::UprobePauseWindows,
     },
+    pauses::WallClock,
+    pipeline::{Pipeline, Record},
     session::Session,
 };
 use tracer_common::{counters::Counter, fault::Backend};
@@ -125,7 +126,11 @@ fn run_traced(
         _ => Backend::Tracepoint,
     };
     assert_eq!(tracer.choice.backend, expected);
-    let windows = UprobePauseWindows::attach(&binary).expect("pause window uprobes");
+    // Pause windows come from gostw's own pause probes and pipeline.
+    session
+        .attach_binary(&binary)
+        .expect("attaching the pause probes");
+    let mut pipeline = Pipeline::new(WallClock::now());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
@@ -141,6 +146,9 @@ fn run_traced(
     tracer.add_process(pid).unwrap();
     let mut drain = |tracer: &mut FaultTracer| {
         reader.drain(|bytes| {
+            if let Some(Record::Pause(p)) = pipeline.feed(bytes) {
+                tracer.add_window(PauseWindow::from(&p));
+            }
             tracer.handle_event(bytes);
         });
     };
@@ -153,9 +161,6 @@ fn run_traced(
         serde_json::from_str(line.strip_prefix("GOSTW_REPORT ").unwrap()).unwrap();
     drain(&mut tracer);
     assert!(!report.go_version.is_empty());
-    for w in windows.windows(pid).unwrap() {
-        tracer.add_window(w);
-    }
     let summary = tracer.summary();
     eprintln!("{}", render_text(&summary, 8));
     eprintln!("Go's report: {report:?}");
