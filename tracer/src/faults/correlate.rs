@@ -85,9 +85,14 @@ impl Fault {
         }
     }
 
-    /// The faulting function: the innermost frame.
+    /// The faulting function: the innermost frame that is not inlined into
+    /// another (the function holding the faulting code).
     pub fn site(&self) -> &str {
-        self.stack.first().map_or("[unknown]", String::as_str)
+        self.stack
+            .iter()
+            .find(|f| !f.ends_with(super::symbols::INLINED))
+            .or(self.stack.first())
+            .map_or("[unknown]", String::as_str)
     }
 }
 
@@ -436,6 +441,18 @@ mod tests {
         assert_eq!(d.p50 / 1_000, 100);
         let p2 = &s.processes[1];
         assert_eq!((p2.tgid, p2.in_pauses.faults, p2.pauses), (2, 0, 0));
+    }
+
+    #[test]
+    fn site_is_the_function_holding_inlined_code() {
+        let mut f = fault(1, 1, 1, 2, "x");
+        f.stack = vec![
+            "internal/runtime/atomic.(*Uint32).Load (inlined)".to_owned(),
+            "runtime.(*spanSet).reset".to_owned(),
+            "runtime.finishsweep_m".to_owned(),
+        ]
+        .into();
+        assert_eq!(f.site(), "runtime.(*spanSet).reset");
     }
 
     #[test]

@@ -33,8 +33,10 @@ fn sites(out: &mut String, indent: &str, sites: &[FaultSite]) {
             "{indent}{:>5} faults {:>12}  {}",
             s.faults,
             ms(s.fault_ns),
+            // From the site on; inlined helpers above it are in the JSON.
             s.stack
                 .iter()
+                .skip_while(|f| **f != s.function)
                 .take(5)
                 .cloned()
                 .collect::<Vec<_>>()

@@ -1,6 +1,6 @@
-//! Symbolizing user stacks of faults. Until the pclntab symbolizer lands,
-//! names come from the ELF `.symtab` (present unless built with `-s`);
-//! `Symbolizer` is the seam to swap it for pclntab.
+//! Symbolizing user stacks of faults: Go programs through the pclntab
+//! symbolizer (`crate::symbolize`: works on stripped binaries, expands
+//! inlined calls); other executables through their ELF `.symtab`.
 
 use std::{
     collections::HashMap,
@@ -126,20 +126,74 @@ fn exe_ranges(maps: &str, exe: &str) -> (Vec<(u64, u64)>, Option<u64>) {
     (ranges, first)
 }
 
+/// How one process's PCs are named.
+enum Image {
+    Go(crate::symbolize::ProcessSymbolizer),
+    Elf(ProcessImage),
+}
+
+impl Image {
+    fn of_process(pid: u32) -> anyhow::Result<Image> {
+        match crate::symbolize::ProcessSymbolizer::for_pid(pid) {
+            Ok(s) => Ok(Image::Go(s)),
+            Err(e) => {
+                log::debug!("pid {pid}: no Go symbolizer ({e}); using the ELF symbol table");
+                Ok(Image::Elf(ProcessImage::of_process(pid)?))
+            }
+        }
+    }
+
+    /// Function names for the frame at `pc` (innermost first: inlined
+    /// calls, then the function holding the code); `return_address` for
+    /// every frame but the faulting one.
+    fn names(&self, pc: u64, return_address: bool) -> Vec<String> {
+        match self {
+            Image::Go(s) => {
+                let frames = if return_address {
+                    s.symbolize_return_address(pc)
+                } else {
+                    s.symbolize(pc)
+                };
+                frames
+                    .into_iter()
+                    .map(|f| {
+                        if f.inlined {
+                            format!("{}{INLINED}", f.function)
+                        } else {
+                            f.function
+                        }
+                    })
+                    .collect()
+            }
+            Image::Elf(img) => {
+                let at = if return_address {
+                    pc.saturating_sub(1)
+                } else {
+                    pc
+                };
+                img.function(at).map(str::to_owned).into_iter().collect()
+            }
+        }
+    }
+}
+
 /// Symbolized stacks, cached by (process, stack id).
 #[derive(Default)]
 pub struct StackSymbolizer {
-    images: HashMap<u32, Option<ProcessImage>>,
+    images: HashMap<u32, Option<Image>>,
     cache: HashMap<(u32, i32), Arc<[String]>>,
 }
 
+/// Suffix of a frame inlined into the one that follows it.
+pub const INLINED: &str = " (inlined)";
+
 /// Most frames kept per stack.
-pub const MAX_FRAMES: usize = 16;
+pub const MAX_FRAMES: usize = 24;
 
 impl StackSymbolizer {
     /// Remember process `pid`'s executable now (before it can exit).
     pub fn add_process(&mut self, pid: u32) -> anyhow::Result<()> {
-        let image = ProcessImage::of_process(pid)?;
+        let image = Image::of_process(pid)?;
         self.images.insert(pid, Some(image));
         Ok(())
     }
@@ -161,19 +215,23 @@ impl StackSymbolizer {
         let image = self
             .images
             .entry(tgid)
-            .or_insert_with(|| ProcessImage::of_process(tgid).ok());
+            .or_insert_with(|| Image::of_process(tgid).ok());
         let names: Arc<[String]> = frames()
             .into_iter()
-            .take(MAX_FRAMES)
             .enumerate()
-            .map(|(i, pc)| {
-                // Outer frames are return addresses: look up the call.
-                let at = if i == 0 { pc } else { pc.saturating_sub(1) };
-                image
+            .flat_map(|(i, pc)| {
+                // Outer frames are return addresses: name the call.
+                let names = image
                     .as_ref()
-                    .and_then(|img| img.function(at))
-                    .map_or_else(|| format!("{pc:#x}"), str::to_owned)
+                    .map(|img| img.names(pc, i > 0))
+                    .unwrap_or_default();
+                if names.is_empty() {
+                    vec![format!("{pc:#x}")]
+                } else {
+                    names
+                }
             })
+            .take(MAX_FRAMES)
             .collect();
         self.cache.insert((tgid, stack_id), names.clone());
         names
