@@ -3,9 +3,8 @@
 // objects and many parked goroutines (the runtime walks every g and every
 // heap arena inside the stop-the-world pause), then runs one GC per line
 // read from stdin ("gc"), so a helper can page the process out first.
-// Before each GC, -walkers goroutines read the whole live heap in the same
-// order at the same time, so after a page-out one thread waits on reads
-// another issued. On
+// Before each GC, -walkers goroutines read the whole live heap in lockstep,
+// so after a page-out threads wait on reads another thread issued. On
 // "quit" (or EOF) it prints, as one JSON line prefixed "GOSTW_REPORT ", its
 // own pause histogram, pause list and major fault count (/proc/self/stat).
 //
@@ -41,16 +40,60 @@ var (
 	walkSum int64
 )
 
-// walk reads every live node from n goroutines at once.
+// barrier holds goroutines until all n have arrived, then lets them go
+// together; reusable.
+type barrier struct {
+	mu          sync.Mutex
+	cond        *sync.Cond
+	n, count, g int
+}
+
+func newBarrier(n int) *barrier {
+	b := &barrier{n: n}
+	b.cond = sync.NewCond(&b.mu)
+	return b
+}
+
+func (b *barrier) wait() {
+	b.mu.Lock()
+	g := b.g
+	b.count++
+	if b.count == b.n {
+		b.count = 0
+		b.g++
+		b.cond.Broadcast()
+	} else {
+		for g == b.g {
+			b.cond.Wait()
+		}
+	}
+	b.mu.Unlock()
+}
+
+// walk reads every live node from n goroutines in lockstep, a few pages at
+// a time, so after a page-out they fault on the same pages at the same
+// moment: one reads each page from swap, the others wait for its read.
 func walk(n int) {
+	if n == 0 {
+		return
+	}
+	const step = 256 // nodes, about three pages
+	bar := newBarrier(n)
 	var wg sync.WaitGroup
 	for w := 0; w < n; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			var s int64
-			for _, x := range live {
-				s += x.payload[0]
+			for i := 0; i < len(live); i += step {
+				bar.wait()
+				end := i + step
+				if end > len(live) {
+					end = len(live)
+				}
+				for _, x := range live[i:end] {
+					s += x.payload[0]
+				}
 			}
 			atomic.AddInt64(&walkSum, s)
 		}()
