@@ -499,3 +499,61 @@ fn neighbour_pressure_faults_agree_with_majflt() {
         proc.pauses_with_faults, proc.pauses
     );
 }
+
+/// `gostw faults --json --pid` end to end (the real binary): attached to a
+/// running gcswap that is paged out before each GC, it reports faults in
+/// its pauses, in runtime GC code.
+#[test]
+fn cli_reports_faults_in_pauses() {
+    use std::io::{BufRead as _, BufReader};
+
+    require_root();
+    let _swap = SwapFile::create("faults-cli", 1);
+    let cgroup = MemCgroup::create("gostw-faults-cli");
+    let go = newest_go();
+    let path = build_workload("gcswap", &go, "", &[]);
+    let mut workload = GcSwap::start(&path, ARGS, ENV, |pid| cgroup.add(pid));
+    let pid = workload.pid;
+    let mut gostw = std::process::Command::new(env!("CARGO_BIN_EXE_gostw"))
+        .args(["faults", "--json", "--pid", &pid.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting gostw");
+    // It names its backend once everything is attached.
+    let mut err = BufReader::new(gostw.stderr.take().unwrap());
+    let mut line = String::new();
+    while err.read_line(&mut line).unwrap() > 0 && !line.contains("fault backend") {
+        line.clear();
+    }
+    assert!(line.contains("fault backend"), "gostw faults did not start");
+    for _ in 0..2 {
+        page_out(pid);
+        std::thread::sleep(Duration::from_millis(300));
+        cgroup.force_empty();
+        workload.gc();
+    }
+    let _ = workload.quit();
+    // gostw stops by itself once the process is gone.
+    let out = gostw.wait_with_output().expect("waiting for gostw");
+    assert!(
+        out.status.success(),
+        "gostw faults failed: {:?}",
+        out.status
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("gostw faults --json printed no JSON ({e})"));
+    let proc = summary["processes"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["tgid"] == pid))
+        .unwrap_or_else(|| panic!("no process {pid} in {summary}"));
+    assert!(proc["in_pauses"]["faults"].as_u64().unwrap() > 0, "{proc}");
+    assert!(proc["pauses_with_faults"].as_u64().unwrap() >= 2, "{proc}");
+    let sites = proc["top_sites_in_pauses"].to_string();
+    assert!(
+        GC_FRAMES
+            .iter()
+            .any(|f| sites.contains(&format!("\"{f}\""))),
+        "no runtime GC frame among {sites}"
+    );
+}
