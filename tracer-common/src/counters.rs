@@ -18,16 +18,22 @@ pub enum Counter {
     /// A `stopTheWorldWithSema` entry while that process's window was still
     /// open (the earlier window is lost).
     PauseReopened = 4,
+    /// A major fault's user stack could not be recorded (`bpf_get_stackid`).
+    FaultStackFailed = 5,
+    /// A major fault ended whose beginning was not seen.
+    FaultNoBegin = 6,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 5] = [
+    pub const ALL: [Counter; 7] = [
         Counter::RingbufFull,
         Counter::ReadUserFailed,
         Counter::MapFull,
         Counter::PauseUnmatched,
         Counter::PauseReopened,
+        Counter::FaultStackFailed,
+        Counter::FaultNoBegin,
     ];
     /// Number of slots in the `COUNTERS` array.
     pub const LEN: u32 = Self::ALL.len() as u32;
@@ -40,6 +46,8 @@ impl Counter {
             Counter::MapFull => "map_full",
             Counter::PauseUnmatched => "pause_unmatched",
             Counter::PauseReopened => "pause_reopened",
+            Counter::FaultStackFailed => "fault_stack_failed",
+            Counter::FaultNoBegin => "fault_no_begin",
         }
     }
 }

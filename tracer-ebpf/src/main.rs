@@ -4,6 +4,9 @@
 #![no_std]
 #![no_main]
 
+mod fault;
+mod fault_kprobe;
+mod fault_tracepoint;
 mod maps;
 mod pause;
 mod stack;

@@ -214,6 +214,21 @@ impl Programs {
         &mut self.ebpf
     }
 
+    /// A program of the object by name, for attach code outside this module
+    /// (fault backends attach tracepoints, perf events and kprobes).
+    pub fn program_mut(&mut self, name: &str) -> anyhow::Result<&mut aya::programs::Program> {
+        self.ebpf
+            .program_mut(name)
+            .with_context(|| format!("program {name} missing from the eBPF object"))
+    }
+
+    /// Take ownership of a map (once), e.g. `FAULT_STACKS` for a stack reader.
+    pub fn take_map(&mut self, name: &str) -> anyhow::Result<aya::maps::Map> {
+        self.ebpf
+            .take_map(name)
+            .with_context(|| format!("map {name} missing or already taken"))
+    }
+
     fn map(&self, name: &str) -> anyhow::Result<&aya::maps::Map> {
         self.ebpf
             .map(name)

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod binary;
 pub mod ebpf;
 pub mod events;
+pub mod faults;
 pub mod inspect;
 pub mod kernel_support;
 pub mod pauses;

@@ -31,6 +31,8 @@ enum Command {
     Stacks(cli::stacks::StacksArgs),
     /// Node agent: trace every Go process of the host, serve Prometheus metrics.
     Agent(tracer::agent::Args),
+    /// Major page faults of a process and the pauses they lengthen.
+    Faults(cli::faults::Args),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +56,7 @@ fn main() -> ExitCode {
             Command::Stacks(args) => cli::stacks::run(args),
             // Runs its own threads; nothing else shares this runtime.
             Command::Agent(args) => tracer::agent::run(args).map(|()| 0),
+            Command::Faults(args) => cli::faults::run(args).await,
         }
     });
     match result {

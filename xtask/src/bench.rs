@@ -2,6 +2,7 @@
 //! runs of the same Go workload, interleaved so drifts in machine load hit
 //! both sides alike. A benchmark prints figures; it does not pass or fail.
 
+pub mod faults;
 mod stack;
 
 use std::process::Command;
@@ -16,8 +17,9 @@ use crate::{
 #[derive(clap::Args)]
 pub struct Options {
     /// Which benchmark: `pauses` (stop-the-world probes on a GC-heavy
-    /// workload) or `stack` (stack-growth modes and a bpftrace newstack
-    /// counter on a goroutine-per-task workload).
+    /// workload), `stack` (stack-growth modes and a bpftrace newstack
+    /// counter on a goroutine-per-task workload) or `faults` (page faults of
+    /// a process gostw does not trace).
     pub name: String,
     /// Untraced/traced pairs to run.
     #[arg(long, default_value_t = 7)]
@@ -34,7 +36,11 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     match opts.name.as_str() {
         "pauses" => pauses(opts),
         "stack" => stack::run(opts),
-        other => bail!("unknown benchmark {other:?} (known: pauses, stack)"),
+        "faults" => faults::run(&faults::Options {
+            runs: opts.rounds as usize,
+            ..faults::Options::default()
+        }),
+        other => bail!("unknown benchmark {other:?} (known: pauses, stack, faults)"),
     }
 }
 

@@ -7,6 +7,7 @@ mod bench;
 mod cmd;
 mod demo;
 mod go;
+mod scenario;
 mod setup;
 mod soak;
 mod test;
@@ -36,6 +37,11 @@ enum Task {
     /// Run `gostw agent` for a while as Go processes come and go; report its
     /// RSS and CPU (not part of CI).
     SoakAgent(soak::Options),
+    /// Run a reproduction scenario with its report (kernel test, verbose).
+    Scenario(scenario::Options),
+    /// (internal) The page-fault-heavy program `bench faults` times.
+    #[command(hide = true)]
+    BenchFaultWorker(bench::faults::WorkerOptions),
 }
 
 fn main() -> std::process::ExitCode {
@@ -46,6 +52,8 @@ fn main() -> std::process::ExitCode {
         Task::Bench(opts) => bench::run(&opts),
         Task::VmTest(opts) => vm::run(&opts),
         Task::SoakAgent(opts) => soak::run(&opts),
+        Task::Scenario(opts) => scenario::run(&opts),
+        Task::BenchFaultWorker(opts) => bench::faults::worker(&opts),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

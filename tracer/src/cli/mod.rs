@@ -2,6 +2,7 @@
 //! event loop both run until the trace ends.
 
 pub mod attach;
+pub mod faults;
 pub mod run;
 pub mod stacks;
 

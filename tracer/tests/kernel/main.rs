@@ -2,10 +2,12 @@
 //! real Go binaries of every Go version of the matrix. Run serially (they
 //! share kernel state) through `cargo xtask test`.
 
+mod scenario;
 mod support;
 
 mod agent;
 mod binary_analysis;
+mod faults;
 mod pauses;
 mod stack_growth;
 mod stw_probe;

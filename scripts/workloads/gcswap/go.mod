@@ -1,0 +1,3 @@
+module gostw.test/gcswap
+
+go 1.19

@@ -1,0 +1,139 @@
+//! Major page faults of traced processes. Both kernel backends (kprobes, and
+//! tracepoints + perf software events) send the same `FaultEvent`, so decoding
+//! and correlation in user space are one code path.
+
+use crate::{assert_size, event::EventHeader};
+
+/// One major page fault, sent when it ends. `header.ts_ns` is the end,
+/// `header.tid` the faulting thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultEvent {
+    pub header: EventHeader,
+    /// When the fault began on this thread (`bpf_ktime_get_ns`); 0 if the
+    /// backend did not see the beginning (`FLAG_NO_BEGIN`).
+    pub begin_ns: u64,
+    /// Faulting address.
+    pub address: u64,
+    /// Instruction pointer of the faulting instruction (user, or kernel when
+    /// `FLAG_KERNEL_MODE`), 0 when the backend cannot see it.
+    pub ip: u64,
+    /// Time the thread was blocked inside the fault.
+    pub blocked_ns: u64,
+    /// Part of `blocked_ns` spent waiting on I/O this thread issued itself.
+    pub wait_own_ns: u64,
+    /// Part of `blocked_ns` spent waiting on another thread's read (or on a
+    /// page lock it holds).
+    pub wait_other_ns: u64,
+    /// Id in the `FAULT_STACKS` map of the user stack; negative: the kernel's
+    /// error (no stack).
+    pub user_stack_id: i32,
+    /// `FLAG_*` bits.
+    pub flags: u32,
+    /// Block I/O requests (tracepoint backend) or swap reads (kprobe backend)
+    /// this thread issued during the fault.
+    pub reads_issued: u32,
+    /// Which backend produced the event (`Backend` value).
+    pub backend: u32,
+}
+assert_size!(FaultEvent, 24 + 6 * 8 + 4 * 4);
+
+impl FaultEvent {
+    /// The fault was served from a file (page cache miss): `filemap_fault`.
+    pub const FLAG_FILE: u32 = 1 << 0;
+    /// The fault read anonymous memory back from swap (`do_swap_page`).
+    pub const FLAG_SWAP: u32 = 1 << 1;
+    /// This thread issued the read itself (own I/O).
+    pub const FLAG_OWN_IO: u32 = 1 << 2;
+    /// The fault happened in kernel mode (e.g. `copy_from_user` in a syscall).
+    pub const FLAG_KERNEL_MODE: u32 = 1 << 3;
+    /// The beginning was not seen (tracing started mid-fault).
+    pub const FLAG_NO_BEGIN: u32 = 1 << 4;
+    /// The fault was retried (the mmap lock was dropped while waiting).
+    pub const FLAG_RETRIED: u32 = 1 << 5;
+}
+
+/// The kernel backend that produced a `FaultEvent`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// `exceptions:page_fault_*` + perf `PAGE_FAULTS_MAJ` + `sched:*` + `block:*`.
+    Tracepoint = 1,
+    /// kprobes on `do_swap_page`, `filemap_fault`, `swap_read_folio`, `__folio_lock_or_retry`.
+    Kprobe = 2,
+}
+
+/// Per-thread state of a fault in progress, kept by the kernel programs
+/// (key: tid). Defined here so both backends and the size check agree.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultState {
+    pub begin_ns: u64,
+    pub address: u64,
+    pub ip: u64,
+    /// When the thread went off CPU (tracepoint backend) or entered a page
+    /// lock wait (kprobe backend) inside the fault; 0: not waiting.
+    pub off_since_ns: u64,
+    /// When it was woken up while off CPU (0: not yet).
+    pub woken_ns: u64,
+    pub blocked_ns: u64,
+    pub wait_own_ns: u64,
+    pub wait_other_ns: u64,
+    pub flags: u32,
+    pub reads_issued: u32,
+    /// Whether the interval in progress counts as own wait (1) or other (0),
+    /// decided when the thread went off CPU.
+    pub off_own: u32,
+    /// kprobe backend: the last attempt returned VM_FAULT_RETRY.
+    pub retry_pending: u32,
+}
+assert_size!(FaultState, 8 * 8 + 4 * 4);
+
+/// Names of the fault programs, by backend, so attach code and tests agree.
+pub mod programs {
+    /// Tracepoint backend: (program, tracepoint category, tracepoint name).
+    pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
+        ("fault_tp_user", "exceptions", "page_fault_user"),
+        ("fault_tp_kernel", "exceptions", "page_fault_kernel"),
+        ("fault_tp_filemap", "filemap", "mm_filemap_fault"),
+        ("fault_tp_bio_queue", "block", "block_bio_queue"),
+        ("fault_tp_switch", "sched", "sched_switch"),
+        ("fault_tp_wakeup", "sched", "sched_wakeup"),
+    ];
+    /// The one tracepoint program the backend can do without:
+    /// `filemap:mm_filemap_fault` is missing on older kernels (6.1 LTS has none);
+    /// without it file-backed faults cannot be told from swap-ins.
+    pub const OPTIONAL_TRACEPOINT: &str = "fault_tp_filemap";
+    /// Tracepoint backend: the perf software event program (`PAGE_FAULTS_MAJ`).
+    pub const MAJOR_FAULT_END: &str = "fault_perf_major";
+    /// kprobe backend: (program, kernel functions tried in order, is return probe).
+    pub const KPROBES: &[(&str, &[&str], bool)] = &[
+        ("fault_kp_swap_entry", &["do_swap_page"], false),
+        ("fault_kp_swap_ret", &["do_swap_page"], true),
+        ("fault_kp_filemap_entry", &["filemap_fault"], false),
+        ("fault_kp_filemap_ret", &["filemap_fault"], true),
+        (
+            "fault_kp_swap_read",
+            &["swap_read_folio", "swap_readpage"],
+            false,
+        ),
+        (
+            "fault_kp_lock_entry",
+            &["__folio_lock_or_retry", "__lock_page_or_retry"],
+            false,
+        ),
+        (
+            "fault_kp_lock_ret",
+            &["__folio_lock_or_retry", "__lock_page_or_retry"],
+            true,
+        ),
+    ];
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: #[repr(C)] plain integers with no implicit padding (sizes
+    // asserted above), so any byte pattern is a valid value.
+    unsafe impl aya::Pod for super::FaultEvent {}
+    unsafe impl aya::Pod for super::FaultState {}
+}

@@ -1,0 +1,151 @@
+//! What both major-fault backends share: the per-thread state of a fault in
+//! progress, the user-stack map, and sending the finished `FaultEvent`.
+
+use aya_ebpf::{
+    bindings::BPF_F_USER_STACK,
+    helpers::bpf_ktime_get_ns,
+    macros::map,
+    maps::{LruHashMap, StackTrace},
+    programs::tracing::StackIdContext,
+};
+use tracer_common::{
+    counters::Counter,
+    event::{EventHeader, EventKind},
+    fault::{Backend, FaultEvent, FaultState},
+};
+
+use crate::maps::{EVENTS, count};
+
+/// Faults in progress, by tid. LRU: a thread that exits mid-fault, or whose
+/// last fault was minor (the tracepoint backend sees only major ends), leaves
+/// an entry that ages out instead of filling the map. Only threads of traced
+/// processes are ever inserted, so a lookup here doubles as the traced check
+/// where the tracepoint names a thread other than the current one.
+#[map]
+pub static FAULT_STATE: LruHashMap<u32, FaultState> = LruHashMap::with_max_entries(16384, 0);
+
+/// User stacks of major faults, read and symbolized by user space.
+#[map]
+pub static FAULT_STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
+
+/// Internal `FaultState::flags` bit (never sent): an attempt of this fault
+/// returned VM_FAULT_MAJOR (kprobe backend).
+pub const STATE_MAJOR_SEEN: u32 = 1 << 31;
+/// Internal `FaultState::flags` bit: this fault's event was already sent
+/// (kprobe backend, at its first VM_FAULT_RETRY).
+pub const STATE_EMITTED: u32 = 1 << 30;
+
+/// `bpf_ktime_get_ns`.
+#[inline(always)]
+pub fn now() -> u64 {
+    // SAFETY: no preconditions.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// The tgid and tid of the current thread.
+#[inline(always)]
+pub fn current_ids() -> (u32, u32) {
+    let id = aya_ebpf::helpers::bpf_get_current_pid_tgid();
+    ((id >> 32) as u32, id as u32)
+}
+
+/// Start a new fault on thread `tid` (replacing whatever was there).
+#[inline(always)]
+pub fn begin(tid: u32, address: u64, ip: u64, flags: u32) {
+    let state = FaultState {
+        begin_ns: now(),
+        address,
+        ip,
+        flags,
+        ..FaultState::default()
+    };
+    if FAULT_STATE.insert(tid, state, 0).is_err() {
+        count(Counter::MapFull);
+    }
+}
+
+/// The fault in progress on `tid`, if any.
+#[inline(always)]
+pub fn state_mut(tid: u32) -> Option<&'static mut FaultState> {
+    // SAFETY: a pointer into the map's value; only this thread's programs
+    // and wakeups of it touch the entry, and a torn update at worst skews one
+    // fault's wait split.
+    FAULT_STATE.get_ptr_mut(tid).map(|p| unsafe { &mut *p })
+}
+
+/// Close an off-CPU interval at `end`, charging it to own or other wait.
+#[inline(always)]
+pub fn close_blocked(state: &mut FaultState, end: u64) {
+    if state.off_since_ns == 0 {
+        return;
+    }
+    let d = end.saturating_sub(state.off_since_ns);
+    state.blocked_ns += d;
+    if state.off_own != 0 {
+        state.wait_own_ns += d;
+    } else {
+        state.wait_other_ns += d;
+    }
+    state.off_since_ns = 0;
+}
+
+/// Send the finished fault of the current thread (its state, or none if the
+/// beginning was not seen), with the user stack.
+#[inline(always)]
+pub fn emit<C: StackIdContext>(
+    ctx: &C,
+    tgid: u32,
+    tid: u32,
+    state: Option<&FaultState>,
+    address: u64,
+    backend: Backend,
+) {
+    let end = now();
+    let user_stack_id = match ctx.get_stackid(&FAULT_STACKS, BPF_F_USER_STACK as u64) {
+        Ok(id) => id as i32,
+        Err(e) => {
+            count(Counter::FaultStackFailed);
+            e
+        }
+    };
+    let Some(mut entry) = EVENTS.reserve::<FaultEvent>(0) else {
+        count(Counter::RingbufFull);
+        return;
+    };
+    let header = EventHeader {
+        kind: EventKind::Fault as u32,
+        tgid,
+        tid,
+        // SAFETY: no preconditions.
+        cpu: unsafe { aya_ebpf::helpers::bpf_get_smp_processor_id() },
+        ts_ns: end,
+    };
+    let event = match state {
+        Some(s) => FaultEvent {
+            header,
+            begin_ns: s.begin_ns,
+            address: if s.address != 0 { s.address } else { address },
+            ip: s.ip,
+            blocked_ns: s.blocked_ns,
+            wait_own_ns: s.wait_own_ns,
+            wait_other_ns: s.wait_other_ns,
+            user_stack_id,
+            flags: s.flags & !(STATE_MAJOR_SEEN | STATE_EMITTED),
+            reads_issued: s.reads_issued,
+            backend: backend as u32,
+        },
+        None => {
+            count(Counter::FaultNoBegin);
+            FaultEvent {
+                header,
+                address,
+                user_stack_id,
+                flags: FaultEvent::FLAG_NO_BEGIN,
+                backend: backend as u32,
+                ..FaultEvent::default()
+            }
+        }
+    };
+    entry.write(event);
+    entry.submit(0);
+}
