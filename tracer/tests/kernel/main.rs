@@ -6,6 +6,7 @@ mod scenario;
 mod support;
 
 mod agent;
+mod backend_agreement;
 mod binary_analysis;
 mod faults;
 mod pauses;

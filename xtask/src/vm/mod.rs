@@ -39,11 +39,12 @@ pub const VM_TESTS: &[&str] = &[
     "vm_env::",
     "faults::kprobe_backend_",
     "faults::without_pageout_",
+    "backend_agreement::",
 ];
 
 /// Kernel tests that only the VM can run (they need kprobes or swap, which
 /// the host lacks): the host's kernel test step passes each as `--skip`.
-pub const HOST_SKIP: &[&str] = &["vm_env::"];
+pub const HOST_SKIP: &[&str] = &["vm_env::", "backend_agreement::"];
 
 /// The Go toolchain of the VM's workloads: the newest of the matrix (the
 /// guest runs one version; the host's kernel tests cover the whole matrix).
