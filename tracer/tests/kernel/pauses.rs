@@ -329,7 +329,12 @@ fn attach_stops_after_its_duration() {
     let started = Instant::now();
     let out = gostw(&["attach", "--pid", &pid, "--duration", "1s", "--json"]);
     let took = started.elapsed();
-    assert!(out.status.success());
+    assert!(
+        out.status.success(),
+        "gostw attach failed: {}; the workload: {:?}",
+        String::from_utf8_lossy(&out.stderr),
+        workload.try_wait()
+    );
     // Loading the programs and reading the binary come first (a second or
     // two on a loaded machine); the trace itself must end after 1 s.
     assert!(took < Duration::from_secs(8), "--duration 1s took {took:?}");
