@@ -128,39 +128,21 @@ fn bpf_linker() -> anyhow::Result<()> {
     let link = prefix.join("lib/libLLVM.so");
     let _ = fs::remove_file(&link);
     std::os::unix::fs::symlink(&lib, &link)?;
-    exec(
-        Command::new("cargo")
-            .args([
-                "install",
-                "bpf-linker",
-                "--locked",
-                "--version",
-                BPF_LINKER_VERSION,
-            ])
-            .args([
-                "--no-default-features",
-                "--features",
-                &format!("llvm-{llvm_major}"),
-            ])
+    let install = |locked: bool| {
+        let mut cmd = Command::new("cargo");
+        cmd.args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION])
+            .args(["--no-default-features", "--features"])
+            .arg(format!("llvm-{llvm_major}"))
             .arg("--root")
             .arg(cargo_home())
-            .env("LLVM_PREFIX", &prefix),
-    )
-    .or_else(|_| {
-        // --locked can fail if the published lock file no longer resolves.
-        exec(
-            Command::new("cargo")
-                .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION])
-                .args([
-                    "--no-default-features",
-                    "--features",
-                    &format!("llvm-{llvm_major}"),
-                ])
-                .arg("--root")
-                .arg(cargo_home())
-                .env("LLVM_PREFIX", &prefix),
-        )
-    })
+            .env("LLVM_PREFIX", &prefix);
+        if locked {
+            cmd.arg("--locked");
+        }
+        exec(&mut cmd)
+    };
+    // --locked can fail if the published lock file no longer resolves.
+    install(true).or_else(|_| install(false))
 }
 
 /// Install the Debian packages that are missing.
