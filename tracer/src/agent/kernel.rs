@@ -30,7 +30,7 @@ enum Sampler {
     NotStarted,
     /// The links live in `Programs` until it is dropped at shutdown; the
     /// handle is kept for what it knows (attach time, sample rate).
-    Running { _probes: StackGrowthProbes },
+    Running { _probes: Box<StackGrowthProbes> },
     /// The kernel refused it (logged once): pauses are still traced.
     Failed,
 }
@@ -59,7 +59,9 @@ impl EbpfKernel {
             return;
         }
         self.sampler = match StackGrowthProbes::sampler(&mut self.programs, SAMPLE_HZ) {
-            Ok(p) => Sampler::Running { _probes: p },
+            Ok(p) => Sampler::Running {
+                _probes: Box::new(p),
+            },
             Err(e) => {
                 log::warn!(
                     "stack growth is not measured: {e:#} (the CPU-clock perf event needs CAP_PERFMON or root and perf_event_paranoid <= 2)"
