@@ -120,6 +120,9 @@ impl Programs {
             Probe::StopTheWorld,
             Probe::StartTheWorldRet,
             Probe::Newstack,
+            Probe::Copystack,
+            Probe::CpuSample,
+            Probe::StackCopySample,
         ] {
             // Absent is fine: that probe never fired in this process.
             let _ = hits.remove(&ProbeHitKey {

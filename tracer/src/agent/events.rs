@@ -1,15 +1,16 @@
 //! Kernel events into observations: the agent's end of the ring buffer.
 //! Pause events become `PauseRecord`s through the same `pauses::record` the
-//! attach/run pipeline uses, then `Observer::pause`. Stateless per process on
+//! attach/run pipeline uses, then `Observer::pause`; stack growth samples
+//! become `Observer::stack_growth`. Stateless per process on
 //! purpose: the attach/run pipeline keeps HDR histograms per pid for its
 //! summary, which a weeks-long agent cannot afford; the agent's distributions
 //! are the Prometheus histograms.
 
-use tracer_common::{event::EventKind, pause::PauseEvent};
+use tracer_common::{event::EventKind, pause::PauseEvent, stack::StackGrowthEvent};
 
 use super::{
     metrics::Metrics,
-    observe::{Observer, PauseObservation},
+    observe::{Observer, PauseObservation, StackGrowthObservation},
 };
 use crate::{
     events::{self, DecodeError},
@@ -56,28 +57,47 @@ impl EventStage {
                 }
                 Err(_) => metrics.events_lost("undecodable", 1),
             },
-            // No correlator for these kinds in this build.
-            EventKind::Fault | EventKind::StackGrowth => metrics.events_lost("unhandled", 1),
+            EventKind::StackGrowth => match events::decode::<StackGrowthEvent>(kind, raw) {
+                Ok(ev) => observer.stack_growth(
+                    ev.header.tgid,
+                    &StackGrowthObservation {
+                        old_size: ev.old_size,
+                        live_bytes: ev.used,
+                    },
+                ),
+                Err(_) => metrics.events_lost("undecodable", 1),
+            },
+            // No correlator for this kind in this build.
+            EventKind::Fault => metrics.events_lost("unhandled", 1),
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use tracer_common::{event::EventHeader, pause::REASON_TEXT_LEN};
+    use tracer_common::{
+        event::EventHeader,
+        pause::REASON_TEXT_LEN,
+        stack::{STACK_FRAMES, StackChange, StackSource},
+    };
 
     use super::*;
-    use crate::agent::observe::{FaultObservation, StackGrowthObservation};
+    use crate::agent::observe::FaultObservation;
 
     #[derive(Default)]
-    struct Seen(Vec<(u32, PauseObservation)>);
+    struct Seen(
+        Vec<(u32, PauseObservation)>,
+        Vec<(u32, StackGrowthObservation)>,
+    );
 
     impl Observer for Seen {
         fn pause(&mut self, pid: u32, p: &PauseObservation) {
             self.0.push((pid, *p));
         }
         fn fault(&mut self, _: u32, _: &FaultObservation) {}
-        fn stack_growth(&mut self, _: u32, _: &StackGrowthObservation) {}
+        fn stack_growth(&mut self, pid: u32, g: &StackGrowthObservation) {
+            self.1.push((pid, *g));
+        }
         fn stop_the_world_entries(&mut self, _: u32, _: u64) {}
     }
 
@@ -126,6 +146,48 @@ mod tests {
         );
         assert!(
             text.contains("gostw_agent_events_lost_total{stage=\"unhandled\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn stack_growth_samples_reach_the_observer() {
+        let ev = StackGrowthEvent {
+            header: EventHeader {
+                kind: EventKind::StackGrowth as u32,
+                tgid: 42,
+                tid: 44,
+                cpu: 1,
+                ts_ns: 1,
+            },
+            source: StackSource::Sampled as u8,
+            change: StackChange::Copying as u8,
+            _pad: 0,
+            nframes: 2,
+            goid: 9,
+            old_size: 2048,
+            new_size: 0,
+            used: 700,
+            frames: [0; STACK_FRAMES],
+        };
+        let metrics = Metrics::new();
+        let mut seen = Seen::default();
+        EventStage::default().handle(&bytes(&ev), &mut seen, &metrics);
+        EventStage::default().handle(&bytes(&ev)[..60], &mut seen, &metrics);
+        assert_eq!(
+            seen.1,
+            [(
+                42,
+                StackGrowthObservation {
+                    old_size: 2048,
+                    live_bytes: 700
+                }
+            )]
+        );
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, metrics.registry()).unwrap();
+        assert!(
+            text.contains("gostw_agent_events_lost_total{stage=\"undecodable\"} 1"),
             "{text}"
         );
     }

@@ -19,7 +19,9 @@ use prometheus_client::{
 
 use super::{
     labels::ProcessLabels,
-    observe::{Backing, FaultObservation, PauseObservation, StackGrowthObservation, WaitedOn},
+    observe::{
+        Backing, CpuSamples, FaultObservation, PauseObservation, StackGrowthObservation, WaitedOn,
+    },
 };
 
 /// Pause and fault-wait buckets: 1-2-5 per decade from 10 us to 10 s (19
@@ -144,8 +146,9 @@ pub struct Metrics {
     stw_entries: Family<ProcessLabels, Counter>,
     major_faults: Family<FaultLabels, Counter>,
     fault_wait: Histograms<WaitLabels>,
-    stack_growths: Family<ProcessLabels, Counter>,
-    stack_copied: Family<ProcessLabels, Counter>,
+    cpu_samples: Family<ProcessLabels, Counter>,
+    stack_growth_samples: Family<ProcessLabels, Counter>,
+    stack_growth_cpu_seconds: Family<ProcessLabels, Counter<f64, AtomicU64>>,
     stack_old_size: Histograms<ProcessLabels>,
     processes: Family<ProcessLabels, Gauge>,
     /// Reasons seen per label set, to remove their series on exit.
@@ -153,6 +156,7 @@ pub struct Metrics {
     // Health.
     pub processes_traced: Gauge,
     pub executables_attached: Gauge,
+    pub stack_sampler_attached: Gauge,
     pub proc_known: Gauge,
     attach_failures: Family<ReasonLabel, Counter>,
     bpf_errors: Family<CounterLabel, Counter>,
@@ -180,13 +184,15 @@ impl Metrics {
             stw_entries: Family::default(),
             major_faults: Family::default(),
             fault_wait: Histograms::new_with_constructor(seconds_histogram),
-            stack_growths: Family::default(),
-            stack_copied: Family::default(),
+            cpu_samples: Family::default(),
+            stack_growth_samples: Family::default(),
+            stack_growth_cpu_seconds: Family::default(),
             stack_old_size: Histograms::new_with_constructor(stack_size_histogram),
             processes: Family::default(),
             reasons: Mutex::new(HashMap::new()),
             processes_traced: Gauge::default(),
             executables_attached: Gauge::default(),
+            stack_sampler_attached: Gauge::default(),
             proc_known: Gauge::default(),
             attach_failures: Family::default(),
             bpf_errors: Family::default(),
@@ -227,19 +233,24 @@ impl Metrics {
             m.fault_wait.clone(),
         );
         r.register(
-            "stack_growths",
-            "Goroutine stack growths (runtime.newstack -> copystack)",
-            m.stack_growths.clone(),
+            "cpu_samples",
+            "CPU-clock samples (99 Hz per CPU) that landed in traced processes: the denominator of the stack growth share",
+            m.cpu_samples.clone(),
+        );
+        r.register(
+            "stack_growth_samples",
+            "CPU-clock samples that caught a thread copying a goroutine stack (runtime.newstack -> copystack)",
+            m.stack_growth_samples.clone(),
         );
         r.register_with_unit(
-            "stack_copied",
-            "Bytes copied by goroutine stack growth",
-            Unit::Bytes,
-            m.stack_copied.clone(),
+            "stack_growth_cpu",
+            "CPU time spent growing goroutine stacks, estimated as samples x sample period",
+            Unit::Seconds,
+            m.stack_growth_cpu_seconds.clone(),
         );
         r.register_with_unit(
             "stack_growth_old_size",
-            "Stack size before each growth",
+            "Stack size of the goroutine each stack growth sample caught being copied (one observation per sample, not per growth)",
             Unit::Bytes,
             m.stack_old_size.clone(),
         );
@@ -258,6 +269,11 @@ impl Metrics {
             "executables_attached",
             "Executables with probes attached now",
             m.executables_attached.clone(),
+        );
+        a.register(
+            "stack_sampler_attached",
+            "1 when the stack growth CPU sampler runs (0 until the first executable is attached, or when the kernel refused it)",
+            m.stack_sampler_attached.clone(),
         );
         a.register(
             "processes_known",
@@ -365,15 +381,25 @@ impl Metrics {
             .observe(f.wait_ns as f64 / 1e9);
     }
 
+    /// One sample that caught a stack copy, with the sizes it saw.
     pub fn stack_growth(&self, labels: &ProcessLabels, g: &StackGrowthObservation) {
-        let w = g.weight.max(1);
-        self.stack_growths.get_or_create(labels).inc_by(w);
-        self.stack_copied
+        self.stack_old_size
             .get_or_create(labels)
-            .inc_by(g.copied_bytes.saturating_mul(w));
-        let h = self.stack_old_size.get_or_create(labels);
-        for _ in 0..w.min(1024) {
-            h.observe(g.old_size as f64);
+            .observe(g.old_size as f64);
+    }
+
+    /// More CPU samples of a process, taken at `hz` per CPU: each stands for
+    /// 1/hz s of CPU time (the kernel fixes the period of a CPU-clock event
+    /// at 1/hz).
+    pub fn cpu_samples(&self, labels: &ProcessLabels, new: CpuSamples, hz: u64) {
+        self.cpu_samples.get_or_create(labels).inc_by(new.all);
+        self.stack_growth_samples
+            .get_or_create(labels)
+            .inc_by(new.stack_growth);
+        if hz > 0 {
+            self.stack_growth_cpu_seconds
+                .get_or_create(labels)
+                .inc_by(new.stack_growth as f64 / hz as f64);
         }
     }
 
@@ -392,6 +418,9 @@ impl Metrics {
         // The series exist from the start: a process with no pause yet still
         // shows its label set, and stop_the_world_entries starts at 0.
         let _ = self.stw_entries.get_or_create(labels);
+        let _ = self.cpu_samples.get_or_create(labels);
+        let _ = self.stack_growth_samples.get_or_create(labels);
+        let _ = self.stack_growth_cpu_seconds.get_or_create(labels);
     }
 
     /// The last process with `labels` exited: drop every series of them.
@@ -399,8 +428,9 @@ impl Metrics {
         self.processes.remove(labels);
         self.stw_entries.remove(labels);
         self.pause_major_faults.remove(labels);
-        self.stack_growths.remove(labels);
-        self.stack_copied.remove(labels);
+        self.cpu_samples.remove(labels);
+        self.stack_growth_samples.remove(labels);
+        self.stack_growth_cpu_seconds.remove(labels);
         self.stack_old_size.remove(labels);
         let reasons = self
             .reasons
@@ -530,10 +560,24 @@ mod tests {
             &a,
             &StackGrowthObservation {
                 old_size: 8192,
-                new_size: 16384,
-                copied_bytes: 3000,
-                weight: 2,
+                live_bytes: 3000,
             },
+        );
+        m.cpu_samples(
+            &a,
+            CpuSamples {
+                all: 400,
+                stack_growth: 33,
+            },
+            99,
+        );
+        m.cpu_samples(
+            &a,
+            CpuSamples {
+                all: 100,
+                stack_growth: 66,
+            },
+            99,
         );
         let t = text(&m);
         let l = r#"executable="api",go_version="go1.22.10",build_id="abc",container="""#;
@@ -548,9 +592,11 @@ mod tests {
             format!(r#"gostw_pause_major_faults_bucket{{le="2.0",{l}}} 0"#),
             format!(r#"gostw_major_faults_total{{{l},in_pause="true",backing="swap"}} 1"#),
             format!(r#"gostw_fault_wait_seconds_count{{{l},in_pause="true",waited_on="other"}} 1"#),
-            format!(r#"gostw_stack_growths_total{{{l}}} 2"#),
-            format!(r#"gostw_stack_copied_bytes_total{{{l}}} 6000"#),
-            format!(r#"gostw_stack_growth_old_size_bytes_bucket{{le="8192.0",{l}}} 2"#),
+            format!(r#"gostw_cpu_samples_total{{{l}}} 500"#),
+            format!(r#"gostw_stack_growth_samples_total{{{l}}} 99"#),
+            format!(r#"gostw_stack_growth_cpu_seconds_total{{{l}}} 1.0"#),
+            format!(r#"gostw_stack_growth_old_size_bytes_bucket{{le="8192.0",{l}}} 1"#),
+            format!(r#"gostw_stack_growth_old_size_bytes_bucket{{le="4096.0",{l}}} 0"#),
             format!(r#"gostw_traced_processes{{{l}}} 1"#),
             r#"gostw_agent_attach_failures_total{reason="limit"} 0"#.to_owned(),
         ] {

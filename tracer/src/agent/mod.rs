@@ -272,6 +272,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             counters.update(agent.tracker().kernel().programs(), &metrics);
             metrics
+                .stack_sampler_attached
+                .set(i64::from(agent.tracker().kernel().sampling()));
+            metrics
                 .poll_duration
                 .observe(started.elapsed().as_secs_f64());
             metrics.last_poll_unix_seconds.set(

@@ -42,16 +42,26 @@ pub struct FaultObservation {
     pub waited_on: WaitedOn,
 }
 
-/// One goroutine stack growth (exact) or a sampled one with its weight.
+/// One CPU sample that caught a thread copying a goroutine stack (the
+/// sampled stack-growth mode: each stands for one sample period of CPU time,
+/// not for one growth).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StackGrowthObservation {
+    /// The goroutine's stack size when sampled: the size before the growth
+    /// until `copystack` switches the goroutine to its new stack, the new
+    /// size in the short rest of the copy.
     pub old_size: u64,
-    pub new_size: u64,
-    /// Bytes `copystack` copied (the used part of the old stack).
-    pub copied_bytes: u64,
-    /// How many growths this one stands for (1 when exact; the sampling
-    /// ratio when sampled).
-    pub weight: u64,
+    /// Live bytes of the stack being copied (what `copystack` moves).
+    pub live_bytes: u64,
+}
+
+/// CPU samples of a traced process, counted in the kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuSamples {
+    /// All samples that landed in the process.
+    pub all: u64,
+    /// Those that caught it copying a goroutine stack.
+    pub stack_growth: u64,
 }
 
 /// The sink the pipeline feeds. `pid` is the traced process (tgid).

@@ -15,6 +15,7 @@ use super::{
     discovery::{ExeId, NewProcess},
     labels::{self, OVERFLOW, ProcessLabels},
     metrics::{FailureReason, Metrics},
+    observe::CpuSamples,
 };
 
 /// What analysing and attaching an executable gave.
@@ -54,6 +55,10 @@ pub trait Kernel {
     fn untrace(&mut self, pid: u32);
     /// `stopTheWorldWithSema` entries of `pid` so far.
     fn stop_the_world_entries(&mut self, pid: u32) -> u64;
+    /// CPU samples of `pid` so far (the stack growth sampler's).
+    fn cpu_samples(&mut self, pid: u32) -> CpuSamples;
+    /// Samples per second per CPU of the stack growth sampler.
+    fn sample_hz(&self) -> u64;
 }
 
 struct Executable<P> {
@@ -69,6 +74,8 @@ struct Process {
     labels: ProcessLabels,
     /// Last `stopTheWorldWithSema` entry count read from the kernel.
     stw_entries: u64,
+    /// Last CPU sample counts read from the kernel.
+    samples: CpuSamples,
 }
 
 /// Limits that keep the agent's memory and the series count bounded.
@@ -232,6 +239,7 @@ impl<K: Kernel> Tracker<K> {
                 exe: p.exe,
                 labels,
                 stw_entries: 0,
+                samples: CpuSamples::default(),
             },
         );
         self.update_gauges(metrics);
@@ -243,7 +251,7 @@ impl<K: Kernel> Tracker<K> {
         let Some(mut proc) = self.processes.remove(&pid) else {
             return;
         };
-        // Pauses counted between the last poll and the exit.
+        // Pauses and samples counted between the last poll and the exit.
         Self::read_entries(&mut self.kernel, pid, &mut proc, metrics);
         self.kernel.untrace(pid);
         metrics.process_exited(&proc.labels);
@@ -283,6 +291,18 @@ impl<K: Kernel> Tracker<K> {
         if now > proc.stw_entries {
             metrics.stop_the_world_entries(&proc.labels, now - proc.stw_entries);
             proc.stw_entries = now;
+        }
+        let now = kernel.cpu_samples(pid);
+        let new = CpuSamples {
+            all: now.all.saturating_sub(proc.samples.all),
+            stack_growth: now.stack_growth.saturating_sub(proc.samples.stack_growth),
+        };
+        if new != CpuSamples::default() {
+            metrics.cpu_samples(&proc.labels, new, kernel.sample_hz());
+            proc.samples = CpuSamples {
+                all: now.all.max(proc.samples.all),
+                stack_growth: now.stack_growth.max(proc.samples.stack_growth),
+            };
         }
     }
 
@@ -324,6 +344,7 @@ pub mod tests {
         pub traced: HashSet<u32>,
         pub untraced: Vec<u32>,
         pub entries: HashMap<u32, u64>,
+        pub samples: HashMap<u32, CpuSamples>,
         pub next_probe: u32,
         pub fail_trace: bool,
     }
@@ -372,6 +393,12 @@ pub mod tests {
         }
         fn stop_the_world_entries(&mut self, pid: u32) -> u64 {
             self.entries.get(&pid).copied().unwrap_or(0)
+        }
+        fn cpu_samples(&mut self, pid: u32) -> CpuSamples {
+            self.samples.get(&pid).copied().unwrap_or_default()
+        }
+        fn sample_hz(&self) -> u64 {
+            100
         }
     }
 
@@ -508,5 +535,42 @@ pub mod tests {
             "{s}"
         );
         assert_eq!(t.kernel.untraced, [1]);
+    }
+
+    #[test]
+    fn cpu_samples_are_counted_as_deltas_including_at_exit() {
+        let m = Metrics::new();
+        let mut t = Tracker::new(FakeKernel::default(), Limits::default());
+        start(&mut t, &proc(1, 1, "/a"), &m);
+        start(&mut t, &proc(2, 1, "/a"), &m);
+        let samples = |all, stack_growth| CpuSamples { all, stack_growth };
+        t.kernel.samples.insert(1, samples(100, 10));
+        t.kernel.samples.insert(2, samples(50, 0));
+        t.poll_counts(&m);
+        t.kernel.samples.insert(1, samples(300, 40));
+        t.poll_counts(&m);
+        t.kernel.samples.insert(1, samples(400, 60));
+        t.exited(1, &m);
+        let mut s = String::new();
+        prometheus_client::encoding::text::encode(&mut s, m.registry()).unwrap();
+        let l = r#"executable="a",go_version="go1.26.6",build_id="b1",container="""#;
+        for want in [
+            format!("gostw_cpu_samples_total{{{l}}} 450\n"),
+            format!("gostw_stack_growth_samples_total{{{l}}} 60\n"),
+        ] {
+            assert!(s.contains(&want), "missing {want} in\n{s}");
+        }
+        // 60 samples at 100 Hz.
+        let seconds: f64 = s
+            .lines()
+            .find_map(|line| {
+                line.strip_prefix("gostw_stack_growth_cpu_seconds_total{")?
+                    .split(' ')
+                    .nth(1)?
+                    .parse()
+                    .ok()
+            })
+            .unwrap();
+        assert!((seconds - 0.6).abs() < 1e-9, "{seconds}");
     }
 }

@@ -111,6 +111,26 @@ impl StackGrowthProbes {
             Mode::Exact => binary.function(COPYSTACK)?.file_offset,
             Mode::Sampled => 0,
         };
+        Self::start(programs, binary.path.clone(), copystack_offset, opts)
+    }
+
+    /// The sampled mode alone, for every traced process of the machine (its
+    /// perf events are per CPU, not per executable): one for a whole agent.
+    pub fn sampler(programs: &mut Programs, sample_hz: u64) -> anyhow::Result<StackGrowthProbes> {
+        let opts = StackGrowthOptions {
+            mode: Mode::Sampled,
+            sample_hz,
+            ..StackGrowthOptions::default()
+        };
+        Self::start(programs, std::path::PathBuf::new(), 0, opts)
+    }
+
+    fn start(
+        programs: &mut Programs,
+        binary: std::path::PathBuf,
+        copystack_offset: u64,
+        opts: StackGrowthOptions,
+    ) -> anyhow::Result<StackGrowthProbes> {
         let mut config: Array<_, StackConfig> = Array::try_from(
             programs
                 .ebpf_mut()
@@ -128,7 +148,7 @@ impl StackGrowthProbes {
         let now = Instant::now();
         let mut probes = StackGrowthProbes {
             opts,
-            binary: binary.path.clone(),
+            binary,
             copystack_offset,
             uprobe: None,
             window_start: now,

@@ -513,3 +513,105 @@ fn a_port_in_use_is_a_clear_error() {
         "{e}"
     );
 }
+
+/// The value of `metric` in a /metrics body for executable `exe`.
+fn scraped(body: &str, metric: &str, exe: &str) -> Option<f64> {
+    let exe = format!("executable=\"{exe}\"");
+    body.lines().find_map(|l| {
+        let rest = l.strip_prefix(metric)?.strip_prefix('{')?;
+        if !rest.contains(&exe) {
+            return None;
+        }
+        rest.rsplit(' ').next()?.parse().ok()
+    })
+}
+
+/// Stack growth through the agent's one CPU sampler, per executable: two
+/// copies of the stackgrowth workload started after the agent, one starting
+/// a goroutine per task (each grows its 2 KB stack to 32 KB once) and one
+/// running the same tasks on a worker pool (a worker's stack grows once),
+/// are told apart by their executable labels; the first spends measurable
+/// CPU time growing stacks, the second none or far less.
+#[test]
+fn agent_exports_stack_growth_per_executable() {
+    require_root();
+    let built = build_workload("stackgrowth", &newest_go(), "", &[]);
+    let mut procs = Procs::new("agent-stack");
+    let exes = ["sg-batch", "sg-pool"].map(|name| {
+        let path = procs.dir.join(name);
+        fs::copy(&built, &path).unwrap();
+        path
+    });
+    let port = free_port();
+    let matching = format!("^{}/", regex::escape(&procs.dir.display().to_string()));
+    start_agent(&mut procs, port, &matching);
+    for (mode, exe) in ["batch", "pool"].into_iter().zip(&exes) {
+        procs.spawn(
+            mode,
+            Command::new(exe)
+                .args(["-mode", mode, "-duration", "60s"])
+                .stdout(Stdio::null()),
+        );
+    }
+    let started = Instant::now();
+    let body = wait_until(
+        "stack growth samples of both executables",
+        Duration::from_secs(90),
+        || {
+            let (_, body) = http_get(port, "/metrics")?;
+            let growth = scraped(&body, "gostw_stack_growth_samples_total", "sg-batch")?;
+            let pool_cpu = scraped(&body, "gostw_cpu_samples_total", "sg-pool")?;
+            (growth >= 30.0 && pool_cpu >= 100.0).then_some(body)
+        },
+    );
+    let get = |metric: &str, exe: &str| {
+        scraped(&body, metric, exe).unwrap_or_else(|| panic!("no {metric} of {exe} in\n{body}"))
+    };
+    let mut seen = Vec::new();
+    for exe in ["sg-batch", "sg-pool"] {
+        let cpu = get("gostw_cpu_samples_total", exe);
+        let growth = get("gostw_stack_growth_samples_total", exe);
+        let seconds = get("gostw_stack_growth_cpu_seconds_total", exe);
+        eprintln!(
+            "{exe} after {:?}: {cpu} CPU samples, {growth} growing stacks ({:.1}%), {seconds:.3} s of CPU",
+            started.elapsed(),
+            100.0 * growth / cpu
+        );
+        assert!(
+            (seconds - growth / 99.0).abs() < 1e-6,
+            "{seconds} s for {growth} samples at 99 Hz"
+        );
+        seen.push((cpu, growth));
+    }
+    let [(batch_cpu, batch), (pool_cpu, pool)] = seen[..] else {
+        unreachable!()
+    };
+    // Batch spends >5% of its CPU growing stacks (stack_growth.rs); the pool
+    // at most a few samples while its workers' stacks first grow.
+    assert!(batch / batch_cpu > 0.02, "batch: {batch} of {batch_cpu}");
+    assert!(
+        pool / pool_cpu < batch / batch_cpu / 10.0,
+        "pool {pool} of {pool_cpu} vs batch {batch} of {batch_cpu}"
+    );
+    // The samples' stack sizes: a 2 KB stack being copied (most samples),
+    // or its 32 KB successor in the rest of the copy.
+    let small: f64 = body
+        .lines()
+        .find(|l| {
+            l.starts_with("gostw_stack_growth_old_size_bytes_bucket{le=\"2048.0\"")
+                && l.contains("executable=\"sg-batch\"")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0);
+    let count = get("gostw_stack_growth_old_size_bytes_count", "sg-batch");
+    eprintln!("sg-batch: {count} samples with a stack size, {small} at 2 KB");
+    for l in body.lines().filter(|l| {
+        l.starts_with("gostw_stack_growth_old_size_bytes_bucket") && l.contains("sg-batch")
+    }) {
+        eprintln!("  {l}");
+    }
+    assert!(count > 0.0 && small > 0.0, "{body}");
+    for l in body.lines().filter(|l| l.contains("stack_growth")) {
+        assert!(!l.contains("pid="), "no per-pid label: {l}");
+    }
+}
