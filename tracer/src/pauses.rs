@@ -123,6 +123,9 @@ pub struct PauseRecord {
     /// From the entry probe of `stopTheWorldWithSema` to the RET probe of
     /// `startTheWorldWithSema` (includes both probes' own latency).
     pub window_ns: u64,
+    /// Major faults inside the pause, when faults are traced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub faults: Option<crate::faults::PauseFaultStats>,
 }
 
 impl PauseRecord {
@@ -213,6 +216,7 @@ pub fn record(ev: &PauseEvent, clock: WallClock) -> PauseRecord {
         duration_source,
         go_duration_ns,
         window_ns,
+        faults: None,
     }
 }
 
@@ -296,7 +300,18 @@ impl PauseTracker {
 
     /// Account one pause event; returns its record.
     pub fn on_event(&mut self, ev: &PauseEvent) -> PauseRecord {
-        let rec = record(ev, self.clock);
+        self.on_event_with(ev, |_| {})
+    }
+
+    /// `on_event`, with `annotate` completing the record (e.g. with its
+    /// faults) before it is kept among the worst.
+    pub fn on_event_with(
+        &mut self,
+        ev: &PauseEvent,
+        annotate: impl FnOnce(&mut PauseRecord),
+    ) -> PauseRecord {
+        let mut rec = record(ev, self.clock);
+        annotate(&mut rec);
         let p = self.processes.entry(rec.pid).or_default();
         p.by_reason
             .entry(rec.stw_reason())

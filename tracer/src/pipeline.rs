@@ -13,7 +13,9 @@ use tracer_common::{event::EventKind, pause::PauseEvent};
 
 use crate::{
     events::{self, DecodeError},
+    faults::{FaultTracer, PauseWindow},
     pauses::{PauseRecord, PauseTracker, WallClock},
+    stackgrowth::StackGrowthAggregator,
 };
 
 /// What the pipeline produces, one per handled event.
@@ -44,9 +46,13 @@ impl PipelineStats {
 }
 
 /// Decoding, dispatch, and the correlators of every event kind.
-#[derive(Debug)]
 pub struct Pipeline {
     pub pauses: PauseTracker,
+    /// Major faults, when traced: each pause record gets the faults already
+    /// in that fall in it, and becomes a window of the fault summary.
+    pub faults: Option<FaultTracer>,
+    /// Stack-growth events, when traced.
+    pub stacks: Option<StackGrowthAggregator>,
     pub stats: PipelineStats,
 }
 
@@ -58,6 +64,8 @@ impl Pipeline {
     pub fn new(clock: WallClock) -> Pipeline {
         Pipeline {
             pauses: PauseTracker::new(clock, WORST_KEPT),
+            faults: None,
+            stacks: None,
             stats: PipelineStats::default(),
         }
     }
@@ -77,15 +85,52 @@ impl Pipeline {
         };
         let record = match kind {
             EventKind::Pause => match events::decode::<PauseEvent>(kind, raw) {
-                Ok(ev) => Record::Pause(self.pauses.on_event(&ev)),
+                Ok(ev) => {
+                    let faults = &mut self.faults;
+                    Record::Pause(self.pauses.on_event_with(&ev, |rec| {
+                        // A fault that begins in the pause ends before the
+                        // world restarts (the stopper cannot restart it from
+                        // inside a fault; other threads are stopped), and
+                        // its event is reserved in the ring buffer before
+                        // this pause event: it is already in.
+                        if let Some(t) = faults {
+                            let w = PauseWindow::from(&*rec);
+                            rec.faults = Some(t.pause_faults(&w));
+                            t.add_window(w);
+                        }
+                    }))
+                }
                 Err(e) => {
                     log::debug!("{e}");
                     self.stats.malformed += 1;
                     return None;
                 }
             },
-            EventKind::Fault | EventKind::StackGrowth => {
-                self.stats.unhandled += 1;
+            EventKind::Fault => {
+                match &mut self.faults {
+                    Some(t) => {
+                        let errors = t.decode_errors;
+                        t.handle_event(raw);
+                        if t.decode_errors > errors {
+                            self.stats.malformed += 1;
+                        } else {
+                            self.stats.handled += 1;
+                        }
+                    }
+                    None => self.stats.unhandled += 1,
+                }
+                // Faults are reported with their pause and in the summary.
+                return None;
+            }
+            EventKind::StackGrowth => {
+                match self.stacks.as_mut().map(|a| a.add_event_bytes(raw)) {
+                    Some(Ok(_)) => self.stats.handled += 1,
+                    Some(Err(e)) => {
+                        log::debug!("{e}");
+                        self.stats.malformed += 1;
+                    }
+                    None => self.stats.unhandled += 1,
+                }
                 return None;
             }
         };
@@ -162,6 +207,20 @@ mod tests {
         );
         assert_eq!(p.stats.lost(), 4);
         assert!(p.feed(&ev).is_some());
+    }
+
+    #[test]
+    fn stack_growth_events_reach_the_aggregator() {
+        use tracer_common::stack::StackGrowthEvent;
+        let mut p = Pipeline::new(WallClock::default());
+        p.stacks = Some(StackGrowthAggregator::new(crate::stackgrowth::Mode::Exact));
+        let mut ev: StackGrowthEvent = unsafe { std::mem::zeroed() };
+        ev.header.kind = EventKind::StackGrowth as u32;
+        ev.header.tgid = 7;
+        assert_eq!(p.feed(&bytes(&ev)), None);
+        assert_eq!(p.stats.handled, 1);
+        assert_eq!(p.feed(&bytes(&ev)[..20]), None);
+        assert_eq!(p.stats.malformed, 1);
     }
 
     #[test]

@@ -70,6 +70,12 @@ pub struct Summary {
     pub kind: &'static str,
     pub elapsed_ns: u64,
     pub processes: Vec<ProcessSummary>,
+    /// Major faults and how much of each pause they explain (when traced).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub faults: Option<crate::faults::FaultSummary>,
+    /// Goroutine stack growth of the traced process (when traced).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stack_growth: Option<crate::stackgrowth::StackGrowthSummary>,
     pub lost: Lost,
 }
 
@@ -123,6 +129,8 @@ impl Summary {
             kind: "summary",
             elapsed_ns,
             processes,
+            faults: pipeline.faults.as_ref().map(|f| f.summary()),
+            stack_growth: None,
             lost,
         }
     }
@@ -187,7 +195,7 @@ pub fn pause_line(p: &PauseRecord) -> String {
         Some(t) if p.reason == "unknown" => format!("{:?}", t),
         _ => p.stw_reason().name().to_owned(),
     };
-    format!(
+    let line = format!(
         "{}  pid {:<7} STW {:<28} {:>10}  (window {}, stopped by tid {})",
         fmt_time_of_day(p.start_unix_ns),
         p.pid,
@@ -195,7 +203,42 @@ pub fn pause_line(p: &PauseRecord) -> String {
         fmt_ns(p.duration_ns),
         fmt_ns(p.window_ns),
         p.tid
-    )
+    );
+    match &p.faults {
+        Some(f) if f.all.faults > 0 => format!("{line}  {}", fault_text(f)),
+        _ => line,
+    }
+}
+
+/// A pause's faults, e.g. `faults=87 (swap 87) wait=11.9 ms own=9.1 ms
+/// other=2.8 ms threads: stopper 80, other 7; top runtime.markrootSpans`.
+fn fault_text(f: &crate::faults::PauseFaultStats) -> String {
+    let a = &f.all;
+    let kinds: Vec<String> = [
+        ("swap", a.swap_in),
+        ("file", a.file_backed),
+        ("unknown", a.unknown_kind),
+    ]
+    .iter()
+    .filter(|(_, n)| *n > 0)
+    .map(|(k, n)| format!("{k} {n}"))
+    .collect();
+    let mut t = format!(
+        "faults={} ({}) in-fault={} wait={} own={} other={} threads: stopper {}, other {}",
+        a.faults,
+        kinds.join(", "),
+        fmt_ns(a.fault_ns),
+        fmt_ns(a.blocked_ns),
+        fmt_ns(a.wait_own_ns),
+        fmt_ns(a.wait_other_ns),
+        f.stopper.faults,
+        f.other_threads.faults,
+    );
+    if let Some((site, _)) = f.top_sites.first() {
+        t.push_str("; top ");
+        t.push_str(site);
+    }
+    t
 }
 
 /// The summary as text.
@@ -243,6 +286,16 @@ pub fn summary_text(s: &Summary) -> String {
         for w in &p.worst {
             let _ = writeln!(t, "    {}", pause_line(w));
         }
+    }
+    if let Some(f) = &s.faults {
+        let _ = write!(
+            t,
+            "\nmajor faults:\n{}",
+            crate::faults::report::render_text(f, 10)
+        );
+    }
+    if let Some(g) = &s.stack_growth {
+        let _ = write!(t, "\nstack growth:\n{}", g.render_text());
     }
     let l = &s.lost;
     let mut parts: Vec<String> = l

@@ -8,7 +8,7 @@ use tracer::{
     target::{LiveTarget, TargetError},
 };
 
-use super::{Stop, Trace, TraceOptions};
+use super::{Explainers, Stop, Trace, TraceOptions};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -24,6 +24,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     let pid = target.pid;
     let output = args.trace.output()?;
     let mut session = Session::new()?;
+    let mut explainers = Explainers::attach(&mut session, &args.trace, &target.binary)?;
     let attached = session
         .attach_binary(&target.binary)
         .and_then(|()| session.trace_process(pid, &target.binary));
@@ -31,7 +32,8 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         return Err(TargetError::ExitedDuringAttach(pid).into());
     }
     attached.with_context(|| format!("attaching to pid {pid}"))?;
-    let mut trace = Trace::new(session, output)?;
+    explainers.watch(pid, true);
+    let mut trace = Trace::new(session, output, explainers)?;
     eprintln!(
         "gostw: tracing pid {pid} ({}, {}); Ctrl-C to stop",
         target.exe_name, target.binary.version

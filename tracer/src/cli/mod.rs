@@ -11,10 +11,15 @@ use std::{future::Future, path::PathBuf, time::Duration};
 use anyhow::Context as _;
 use tokio::signal::unix::{SignalKind, signal};
 use tracer::{
+    binary::GoBinary,
     events::EventReader,
+    faults::{FaultSource, FaultTracer},
     pipeline::Pipeline,
     report::{Output, ProcessInfo, Summary},
     session::Session,
+    stackgrowth::{
+        GoSymbols, Mode, StackGrowthAggregator, StackGrowthOptions, StackGrowthProbes, goroutines,
+    },
     units::parse_duration,
 };
 
@@ -35,6 +40,24 @@ pub struct TraceOptions {
     /// Write the trace to this file instead of standard output.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
+    /// Which kernel mechanism observes major page faults.
+    #[arg(long, value_enum, default_value_t)]
+    pub fault_source: FaultSource,
+    /// Do not trace major page faults.
+    #[arg(long)]
+    pub no_faults: bool,
+    /// Goroutine stack growth: off, sampled (CPU-clock samples, near-zero
+    /// cost) or exact (a probe on every stack copy, 1s in every 10s).
+    #[arg(long, value_enum, default_value_t = StacksOption::Sampled)]
+    pub stacks: StacksOption,
+}
+
+/// `--stacks`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StacksOption {
+    Off,
+    Sampled,
+    Exact,
 }
 
 impl TraceOptions {
@@ -57,6 +80,113 @@ impl TraceOptions {
     }
 }
 
+/// The tracers besides pauses (major faults, stack growth), attached before
+/// the traced process is added to the session.
+pub struct Explainers {
+    faults: Option<FaultTracer>,
+    stacks: Option<StackWatch>,
+}
+
+/// Stack growth of the one traced process.
+struct StackWatch {
+    probes: StackGrowthProbes,
+    mode: Mode,
+    symbols: GoSymbols,
+    bias_known: bool,
+    pid: u32,
+    peak_goroutines: Option<u64>,
+}
+
+impl Explainers {
+    /// Attach what `opts` asks for to `session`, for `binary`. A tracer
+    /// that cannot attach on this kernel is left out with a warning, so
+    /// pauses are still traced.
+    pub fn attach(
+        session: &mut Session,
+        opts: &TraceOptions,
+        binary: &GoBinary,
+    ) -> anyhow::Result<Explainers> {
+        let faults = if opts.no_faults {
+            None
+        } else {
+            match FaultTracer::attach(session.programs(), opts.fault_source) {
+                Ok(t) => {
+                    log::info!("fault backend {:?}: {}", t.choice.backend, t.choice.reason);
+                    Some(t)
+                }
+                Err(e) if opts.fault_source == FaultSource::Auto => {
+                    eprintln!("gostw: major faults not traced: {e:#}");
+                    None
+                }
+                Err(e) => return Err(e.context("attaching the fault backend")),
+            }
+        };
+        let mode = match opts.stacks {
+            StacksOption::Off => None,
+            StacksOption::Sampled => Some(Mode::Sampled),
+            StacksOption::Exact => Some(Mode::Exact),
+        };
+        let stacks = match mode {
+            None => None,
+            Some(mode) => {
+                let attached = GoSymbols::new(binary).and_then(|symbols| {
+                    let o = StackGrowthOptions {
+                        mode,
+                        ..StackGrowthOptions::default()
+                    };
+                    let probes = StackGrowthProbes::attach(session.programs(), binary, o)?;
+                    Ok(StackWatch {
+                        probes,
+                        mode,
+                        bias_known: !binary.pie,
+                        symbols,
+                        pid: 0,
+                        peak_goroutines: None,
+                    })
+                });
+                match attached {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        eprintln!("gostw: stack growth not traced: {e:#}");
+                        None
+                    }
+                }
+            }
+        };
+        Ok(Explainers { faults, stacks })
+    }
+
+    /// Watch `pid` (once it is in the session's traced set); `running`
+    /// when it already runs its program (attach), not just exec'd (run).
+    pub fn watch(&mut self, pid: u32, running: bool) {
+        if let Some(f) = &mut self.faults
+            && running
+            && let Err(e) = f.add_process(pid)
+        {
+            log::warn!("fault symbols of pid {pid}: {e:#}");
+        }
+        if let Some(s) = &mut self.stacks {
+            s.probes.watch(pid);
+            s.pid = pid;
+        }
+    }
+}
+
+impl StackWatch {
+    /// Drive the exact mode's duty cycle; read the load bias and goroutine
+    /// count while the process lives.
+    fn tick(&mut self, session: &mut Session) -> anyhow::Result<()> {
+        if !self.bias_known {
+            self.bias_known = self.symbols.elf.set_bias_from_process(self.pid).is_ok();
+        }
+        if self.bias_known {
+            self.peak_goroutines =
+                goroutines::peak_goroutines(self.pid, &self.symbols.elf).or(self.peak_goroutines);
+        }
+        self.probes.tick(session.programs())
+    }
+}
+
 /// Why the event loop returned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stop {
@@ -75,17 +205,29 @@ pub struct Trace {
     pub pipeline: Pipeline,
     pub output: Output,
     pub started: std::time::Instant,
+    stacks: Option<StackWatch>,
 }
 
 impl Trace {
     /// Start reading events of `session` into `output`.
-    pub fn new(mut session: Session, output: Output) -> anyhow::Result<Trace> {
+    pub fn new(
+        mut session: Session,
+        output: Output,
+        explainers: Explainers,
+    ) -> anyhow::Result<Trace> {
+        let mut pipeline = Pipeline::new(tracer::pauses::WallClock::now());
+        pipeline.faults = explainers.faults;
+        pipeline.stacks = explainers
+            .stacks
+            .as_ref()
+            .map(|s| StackGrowthAggregator::new(s.mode));
         Ok(Trace {
             reader: session.event_reader()?,
             session,
-            pipeline: Pipeline::new(tracer::pauses::WallClock::now()),
+            pipeline,
             output,
             started: std::time::Instant::now(),
+            stacks: explainers.stacks,
         })
     }
 
@@ -105,10 +247,13 @@ impl Trace {
             }
         };
         tokio::pin!(exited, sleep);
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
         let Trace {
+            session,
             reader,
             pipeline,
             output,
+            stacks,
             ..
         } = self;
         let mut write_error = None;
@@ -118,6 +263,11 @@ impl Trace {
                     r.context("reading the events ring buffer")?;
                     if let Some(e) = write_error.take() {
                         return Err(e).context("writing the trace");
+                    }
+                }
+                _ = tick.tick() => {
+                    if let Some(s) = stacks {
+                        s.tick(session)?;
                     }
                 }
                 () = &mut exited => break Stop::Exited,
@@ -147,12 +297,25 @@ impl Trace {
     pub fn finish(&mut self, processes: &[ProcessInfo]) -> anyhow::Result<()> {
         self.drain()?;
         let counters = self.session.counters()?;
-        let summary = Summary::new(
+        let stack_growth = match (&mut self.stacks, &mut self.pipeline.stacks) {
+            (Some(s), Some(agg)) => {
+                // The process may be gone; what was read while it lived stands.
+                let _ = s.tick(&mut self.session);
+                s.probes.collect(self.session.programs(), s.pid, agg)?;
+                let goroutines = s.peak_goroutines.map(|n| (n, goroutines::SOURCE));
+                let summary = agg.summary(&s.symbols, goroutines);
+                tracer::stackgrowth::forget_process(self.session.programs(), s.pid)?;
+                Some(summary)
+            }
+            _ => None,
+        };
+        let mut summary = Summary::new(
             &self.pipeline,
             processes,
             &counters,
             self.started.elapsed().as_nanos() as u64,
         );
+        summary.stack_growth = stack_growth;
         self.output.summary(&summary).context("writing the summary")
     }
 }

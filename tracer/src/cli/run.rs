@@ -9,7 +9,7 @@ use tracer::{
     target::ExitWatch,
 };
 
-use super::{Stop, Trace, TraceOptions, exit_code};
+use super::{Explainers, Stop, Trace, TraceOptions, exit_code};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -26,6 +26,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     let binary = GoBinary::open(&path)?;
     let output = args.trace.output()?;
     let mut session = Session::new()?;
+    let mut explainers = Explainers::attach(&mut session, &args.trace, &binary)?;
     session.attach_binary(&binary)?;
     let stopped = StoppedChild::spawn(
         path.as_os_str(),
@@ -36,7 +37,10 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     let ready = session
         .trace_process(pid, &binary)
         .and_then(|()| Ok(ExitWatch::new(pid)?))
-        .and_then(|watch| Ok((watch, Trace::new(session, output)?)));
+        .and_then(|watch| {
+            explainers.watch(pid, false);
+            Ok((watch, Trace::new(session, output, explainers)?))
+        });
     let (watch, mut trace) = match ready {
         Ok(r) => r,
         Err(e) => {

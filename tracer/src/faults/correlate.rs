@@ -150,6 +150,36 @@ pub struct PauseFaults {
     pub top_sites: Vec<FaultSite>,
 }
 
+/// The faults of one pause as its live record carries them: counts, times,
+/// the stopper/other-threads split and the top sites (stacks left out).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PauseFaultStats {
+    pub all: FaultTotals,
+    pub stopper: FaultTotals,
+    pub other_threads: FaultTotals,
+    /// At most `LIVE_SITES` sites: (function, faults).
+    pub top_sites: Vec<(String, u64)>,
+}
+
+/// How many sites a live pause record lists.
+pub const LIVE_SITES: usize = 3;
+
+impl From<&PauseFaults> for PauseFaultStats {
+    fn from(p: &PauseFaults) -> Self {
+        PauseFaultStats {
+            all: p.all,
+            stopper: p.stopper,
+            other_threads: p.other_threads,
+            top_sites: p
+                .top_sites
+                .iter()
+                .take(LIVE_SITES)
+                .map(|s| (s.function.clone(), s.faults))
+                .collect(),
+        }
+    }
+}
+
 /// Faults of one process over the whole trace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ProcessFaults {
@@ -243,6 +273,18 @@ impl FaultCorrelator {
         &self.faults
     }
 
+    /// The faults seen so far that fall in `w` (before `add_window(w)`):
+    /// what a live pause line shows.
+    pub fn pause_faults(&self, w: &PauseWindow) -> PauseFaults {
+        let one = [*w];
+        let faults: Vec<&Fault> = self
+            .faults
+            .iter()
+            .filter(|f| f.tgid == w.tgid && window_of(&one, f.at_ns()).is_some())
+            .collect();
+        pause_faults(w, &faults)
+    }
+
     /// Correlate everything collected so far.
     pub fn summary(&self) -> FaultSummary {
         let mut windows: BTreeMap<u32, Vec<PauseWindow>> = BTreeMap::new();
@@ -273,23 +315,7 @@ impl FaultCorrelator {
         for (tgid, ws) in &windows {
             for (i, w) in ws.iter().enumerate() {
                 let faults = per_pause.get(&(*tgid, i)).map_or(&[][..], Vec::as_slice);
-                let mut p = PauseFaults {
-                    window: *w,
-                    duration_ns: w.end_ns.saturating_sub(w.start_ns),
-                    all: FaultTotals::default(),
-                    stopper: FaultTotals::default(),
-                    other_threads: FaultTotals::default(),
-                    top_sites: top_sites(faults),
-                };
-                for f in faults {
-                    p.all.add(f);
-                    if f.tid == w.stopper_tid {
-                        p.stopper.add(f);
-                    } else {
-                        p.other_threads.add(f);
-                    }
-                }
-                pauses.push(p);
+                pauses.push(pause_faults(w, faults));
             }
         }
         pauses.sort_by_key(|p| (p.window.start_ns, p.window.tgid));
@@ -338,6 +364,27 @@ impl FaultCorrelator {
             pauses,
         }
     }
+}
+
+/// Totals, thread split and sites of `faults`, all inside `w`.
+fn pause_faults(w: &PauseWindow, faults: &[&Fault]) -> PauseFaults {
+    let mut p = PauseFaults {
+        window: *w,
+        duration_ns: w.end_ns.saturating_sub(w.start_ns),
+        all: FaultTotals::default(),
+        stopper: FaultTotals::default(),
+        other_threads: FaultTotals::default(),
+        top_sites: top_sites(faults),
+    };
+    for f in faults {
+        p.all.add(f);
+        if f.tid == w.stopper_tid {
+            p.stopper.add(f);
+        } else {
+            p.other_threads.add(f);
+        }
+    }
+    p
 }
 
 /// The window (sorted by start) containing `t`, start inclusive, end exclusive.
@@ -396,6 +443,26 @@ mod tests {
             start_ns: start,
             end_ns: end,
         }
+    }
+
+    #[test]
+    fn a_live_pause_sees_the_faults_already_in() {
+        let mut c = FaultCorrelator::new("test");
+        c.add_fault(fault(1, 10, 1_500, 1_900, "runtime.markrootSpans"));
+        c.add_fault(fault(1, 11, 1_600, 1_800, "runtime.markrootSpans"));
+        c.add_fault(fault(1, 11, 900, 1_100, "main.work"));
+        c.add_fault(fault(2, 20, 1_600, 1_700, "main.work"));
+        let w = window(1, 10, 1_000, 2_000);
+        let live = PauseFaultStats::from(&c.pause_faults(&w));
+        assert_eq!(live.all.faults, 2);
+        assert_eq!((live.stopper.faults, live.other_threads.faults), (1, 1));
+        assert_eq!(live.all.fault_ns, 600);
+        assert_eq!(
+            live.top_sites,
+            vec![("runtime.markrootSpans".to_owned(), 2)]
+        );
+        c.add_window(w);
+        assert_eq!(c.summary().pauses[0].all, live.all);
     }
 
     #[test]

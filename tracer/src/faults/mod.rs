@@ -20,7 +20,7 @@ use tracer_common::{event::EventKind, map_names};
 use self::decode::FaultDecoder;
 pub use self::{
     backend::{BackendChoice, FaultSource},
-    correlate::{Fault, FaultCorrelator, FaultSummary, PauseWindow},
+    correlate::{Fault, FaultCorrelator, FaultSummary, PauseFaultStats, PauseWindow},
 };
 use crate::{ebpf::Programs, events};
 
@@ -83,6 +83,12 @@ impl FaultTracer {
     /// A pause window of a traced process.
     pub fn add_window(&mut self, window: PauseWindow) {
         self.correlator.add_window(window);
+    }
+
+    /// The faults already in that fall in `window` (call before
+    /// `add_window(window)`).
+    pub fn pause_faults(&self, window: &PauseWindow) -> PauseFaultStats {
+        PauseFaultStats::from(&self.correlator.pause_faults(window))
     }
 
     /// Every fault so far.

@@ -557,3 +557,112 @@ fn cli_reports_faults_in_pauses() {
         "no runtime GC frame among {sites}"
     );
 }
+
+/// `gostw attach --json` traces faults by default: pause records of GCs
+/// after a page-out carry their major faults, in runtime GC code; a GC
+/// before any page-out (the control) has none; the summary has faults and
+/// stack-growth sections.
+#[test]
+fn attach_pause_records_carry_their_faults() {
+    use std::io::{BufRead as _, BufReader};
+
+    require_root();
+    let _swap = SwapFile::create("faults-attach", 1);
+    let cgroup = MemCgroup::create("gostw-faults-attach");
+    let go = newest_go();
+    let path = build_workload("gcswap", &go, "", &[]);
+    let mut workload = GcSwap::start(&path, ARGS, ENV, |pid| cgroup.add(pid));
+    let pid = workload.pid;
+    let mut gostw = std::process::Command::new(env!("CARGO_BIN_EXE_gostw"))
+        .args(["attach", "--json", "--pid", &pid.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting gostw");
+    let mut err = BufReader::new(gostw.stderr.take().unwrap());
+    let mut line = String::new();
+    while err.read_line(&mut line).unwrap() > 0 && !line.contains("tracing pid") {
+        line.clear();
+    }
+    assert!(line.contains("tracing pid"), "gostw attach did not start");
+    workload.gc();
+    let paged_from = monotonic_ns();
+    for _ in 0..2 {
+        page_out(pid);
+        std::thread::sleep(Duration::from_millis(300));
+        cgroup.force_empty();
+        workload.gc();
+    }
+    let _ = workload.quit();
+    let out = gostw.wait_with_output().expect("waiting for gostw");
+    assert!(
+        out.status.success(),
+        "gostw attach failed: {:?}",
+        out.status
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let pauses: Vec<_> = lines.iter().filter(|v| v["type"] == "pause").collect();
+    let faults = |p: &serde_json::Value| {
+        p["faults"]["all"]["faults"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("pause record without faults: {p}"))
+    };
+    let (control, paged): (Vec<_>, Vec<_>) = pauses
+        .iter()
+        .copied()
+        .partition(|p| p["start_mono_ns"].as_u64().unwrap() < paged_from);
+    assert!(!control.is_empty(), "no pause before the page-out");
+    for p in &control {
+        assert_eq!(faults(p), 0, "a pause before any page-out faulted: {p}");
+    }
+    let faulting: Vec<_> = paged.iter().filter(|p| faults(p) > 0).collect();
+    assert!(
+        !faulting.is_empty(),
+        "no paged-out pause faulted: {paged:?}"
+    );
+    let sites = faulting
+        .iter()
+        .map(|p| p["faults"]["top_sites"].to_string())
+        .collect::<String>();
+    assert!(
+        GC_FRAMES
+            .iter()
+            .any(|f| sites.contains(&format!("\"{f}\""))),
+        "no runtime GC frame among {sites}"
+    );
+    for p in &faulting {
+        let a = &p["faults"]["all"];
+        let waits = a["wait_own_ns"].as_u64().unwrap() + a["wait_other_ns"].as_u64().unwrap();
+        assert_eq!(waits, a["blocked_ns"].as_u64().unwrap(), "{p}");
+        let split = p["faults"]["stopper"]["faults"].as_u64().unwrap()
+            + p["faults"]["other_threads"]["faults"].as_u64().unwrap();
+        assert_eq!(split, faults(p), "{p}");
+    }
+    let summary = lines.last().expect("no output");
+    assert_eq!(summary["type"], "summary");
+    assert!(
+        summary["faults"]["pauses"].as_array().unwrap().len() >= pauses.len(),
+        "{summary}"
+    );
+    assert_eq!(summary["stack_growth"]["mode"], "sampled", "{summary}");
+    eprintln!(
+        "attach: {} pauses, {} with faults, most {}",
+        pauses.len(),
+        faulting.len(),
+        faulting.iter().map(|p| faults(p)).max().unwrap()
+    );
+}
+
+/// CLOCK_MONOTONIC now, ns (the clock of pause records' `start_mono_ns`).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
