@@ -1,5 +1,7 @@
 //! `cargo xtask demo`: the README's first command. Builds gostw and a bundled
-//! Go workload, then traces the workload with `gostw run`.
+//! Go workload, traces it with `gostw run`, then runs the page-out scenario:
+//! the workload's memory pushed to swap between GCs, so its stop-the-world
+//! pauses take major faults on GC metadata.
 
 use std::{path::PathBuf, process::Command};
 
@@ -38,7 +40,13 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         Command::new(gostw)
             .args(["run", "--threshold", "200us", "--"])
             .arg(&out),
-    )
+    )?;
+    step(
+        "the page-out scenario: a Go heap pushed to swap between GCs; pauses with major \
+         faults, their symbolized GC sites, own vs other waits (swap file and cgroup cleaned up)",
+    );
+    let matrix = format!("{}={}", toolchain.version, toolchain.go().display());
+    crate::scenario::run_with_go(crate::scenario::Scenario::Pageout, &matrix)
 }
 
 /// Build gostw in release mode; returns the binary.

@@ -29,10 +29,16 @@ pub enum Scenario {
 }
 
 pub fn run(opts: &Options) -> anyhow::Result<()> {
+    run_with_go(opts.name, &go::matrix_env())
+}
+
+/// Run scenario `name` with the Go toolchains of `matrix`
+/// (`GOSTW_GO_MATRIX` form).
+pub fn run_with_go(name: Scenario, matrix: &str) -> anyhow::Result<()> {
     if !setup::is_root() {
         bail!("scenarios need root (swap, cgroups, eBPF): run `sudo -E cargo xtask scenario ...`");
     }
-    let test = match opts.name {
+    let test = match name {
         Scenario::Pageout => "faults::pageout_pauses_fault_on_gc_metadata",
         Scenario::Control => "faults::without_pageout_pauses_have_no_faults",
         Scenario::Neighbour => "faults::neighbour_pressure_faults_agree_with_majflt",
@@ -51,6 +57,6 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                 "kernel",
             ])
             .args(["--", "--test-threads=1", "--nocapture", "--exact", test])
-            .env("GOSTW_GO_MATRIX", go::matrix_env()),
+            .env("GOSTW_GO_MATRIX", matrix),
     )
 }
