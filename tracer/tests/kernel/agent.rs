@@ -456,13 +456,23 @@ fn agent_exports_major_faults_in_pauses() {
             .map(|(_, b)| b)
             .unwrap_or_default()
     };
-    let body = metrics();
-    assert!(
-        ["kprobe", "tracepoint"]
-            .iter()
-            .any(|b| body.contains(&format!("gostw_agent_fault_backend{{backend=\"{b}\"}} 1"))),
+    // The backend is attached once, after the server is up.
+    let backend = wait_until("the fault backend", Duration::from_secs(30), || {
+        let body = metrics();
+        ["kprobe", "tracepoint", "none"]
+            .into_iter()
+            .find(|b| body.contains(&format!("gostw_agent_fault_backend{{backend=\"{b}\"}} 1")))
+    });
+    assert_ne!(
+        backend,
+        "none",
         "no fault backend: {}",
         fs::read_to_string(&agent_log).unwrap()
+    );
+    assert!(
+        fs::read_to_string(&agent_log)
+            .unwrap()
+            .contains(&format!("major faults: {backend} backend"))
     );
 
     let mut workload = GcSwap::start(&bin, ARGS, ENV, |pid| cgroup.add(pid));
