@@ -9,6 +9,7 @@
 use tracer_common::{event::EventKind, pause::PauseEvent, stack::StackGrowthEvent};
 
 use super::{
+    faults::FaultStage,
     metrics::Metrics,
     observe::{Observer, PauseObservation, StackGrowthObservation},
 };
@@ -20,19 +21,22 @@ use crate::{
 /// Decodes raw events and hands them to an `Observer`.
 pub struct EventStage {
     clock: WallClock,
+    /// Fault events and the pauses they fall in (None: no fault backend).
+    pub faults: Option<FaultStage>,
 }
 
 impl Default for EventStage {
     fn default() -> Self {
         EventStage {
             clock: WallClock::now(),
+            faults: None,
         }
     }
 }
 
 impl EventStage {
     /// One raw event from the ring buffer.
-    pub fn handle(&self, raw: &[u8], observer: &mut impl Observer, metrics: &Metrics) {
+    pub fn handle(&mut self, raw: &[u8], observer: &mut impl Observer, metrics: &Metrics) {
         let kind = match events::header(raw) {
             Ok((_, kind)) => kind,
             Err(DecodeError::UnknownKind(_) | DecodeError::TooShort { .. }) => {
@@ -44,16 +48,18 @@ impl EventStage {
             EventKind::Pause => match events::decode::<PauseEvent>(kind, raw) {
                 Ok(ev) => {
                     let rec = pauses::record(&ev, self.clock);
-                    observer.pause(
-                        rec.pid,
-                        &PauseObservation {
-                            reason: rec.reason,
-                            duration_ns: rec.duration_ns,
-                            // Per-pause fault correlation is not in the
-                            // pipeline yet.
-                            major_faults: 0,
-                        },
-                    );
+                    match self.faults.as_mut() {
+                        // Held until the faults inside it are known.
+                        Some(f) => f.pause(&rec, observer),
+                        None => observer.pause(
+                            rec.pid,
+                            &PauseObservation {
+                                reason: rec.reason,
+                                duration_ns: rec.duration_ns,
+                                major_faults: 0,
+                            },
+                        ),
+                    }
                 }
                 Err(_) => metrics.events_lost("undecodable", 1),
             },
@@ -67,8 +73,17 @@ impl EventStage {
                 ),
                 Err(_) => metrics.events_lost("undecodable", 1),
             },
-            // No correlator for this kind in this build.
-            EventKind::Fault => metrics.events_lost("unhandled", 1),
+            EventKind::Fault => match self.faults.as_mut() {
+                Some(f) => f.fault(raw, observer, metrics),
+                None => metrics.events_lost("unhandled", 1),
+            },
+        }
+    }
+
+    /// After a drain: export the pauses and faults time has settled.
+    pub fn settle(&mut self, observer: &mut impl Observer) {
+        if let Some(f) = self.faults.as_mut() {
+            f.settle(observer);
         }
     }
 }
@@ -125,7 +140,7 @@ mod tests {
             reason_text_len: 0,
             reason_text: [0; REASON_TEXT_LEN],
         };
-        let stage = EventStage::default();
+        let mut stage = EventStage::default();
         let metrics = Metrics::new();
         let mut seen = Seen::default();
         stage.handle(&bytes(&ev), &mut seen, &metrics);

@@ -167,6 +167,7 @@ pub struct Metrics {
     pub poll_duration: Histogram,
     pub last_poll_unix_seconds: Gauge<f64, AtomicU64>,
     pub build_info: Family<Vec<(&'static str, &'static str)>, Gauge<i64, AtomicI64>>,
+    fault_backend: Family<Vec<(&'static str, &'static str)>, Gauge<i64, AtomicI64>>,
 }
 
 impl Default for Metrics {
@@ -203,6 +204,7 @@ impl Metrics {
             poll_duration: Histogram::new([1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0]),
             last_poll_unix_seconds: Gauge::default(),
             build_info: Family::default(),
+            fault_backend: Family::default(),
             registry: Registry::default(),
         };
         r.register_with_unit(
@@ -326,6 +328,11 @@ impl Metrics {
             "build_info",
             "The agent's version (value 1)",
             m.build_info.clone(),
+        );
+        a.register(
+            "fault_backend",
+            "The kernel mechanism that observes major faults (value 1): kprobe, tracepoint, or none",
+            m.fault_backend.clone(),
         );
         m.build_info
             .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION"))])
@@ -489,6 +496,14 @@ impl Metrics {
             .inc_by(n);
     }
 
+    /// The fault backend the agent attached ("none" without one).
+    pub fn fault_backend(&self, backend: &'static str) {
+        self.fault_backend.clear();
+        self.fault_backend
+            .get_or_create(&vec![("backend", backend)])
+            .set(1);
+    }
+
     /// Label sets with series now (for the memory bound checks).
     pub fn live_label_sets(&self) -> usize {
         self.reasons.lock().unwrap_or_else(|e| e.into_inner()).len()
@@ -496,8 +511,13 @@ impl Metrics {
 }
 
 /// Stages where an event can be lost, for `gostw_agent_events_lost_total`.
-pub const EVENT_LOSS_STAGES: [&str; 4] =
-    ["ringbuf_full", "undecodable", "unhandled", "unattributed"];
+pub const EVENT_LOSS_STAGES: [&str; 5] = [
+    "ringbuf_full",
+    "undecodable",
+    "unhandled",
+    "unattributed",
+    "fault_queue_full",
+];
 
 fn backing_label(b: Backing) -> &'static str {
     match b {

@@ -10,6 +10,7 @@
 pub mod discovery;
 pub mod events;
 pub mod exec_events;
+pub mod faults;
 pub mod kernel;
 pub mod labels;
 pub mod metrics;
@@ -240,7 +241,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut programs = programs;
     let mut ring = programs.take_events()?;
-    let stage = EventStage::default();
+    let mut stage = EventStage::default();
+    stage.faults = faults::FaultStage::attach(&mut programs, &metrics);
     let mut agent = Agent::new(filter, EbpfKernel::new(programs), limits, metrics.clone());
     let proc = ProcFs::new("/proc");
     let mut counters = KernelCounters::default();
@@ -261,6 +263,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         while let Some(raw) = ring.next() {
             stage.handle(&raw, agent, &metrics);
         }
+        stage.settle(agent);
     };
     while !stop.load(Ordering::SeqCst) {
         drain(&mut agent);

@@ -18,7 +18,11 @@ use tracer::agent::{
     tracker::{AttachError, Kernel as _},
 };
 
-use crate::support::{build_workload, go_matrix, newest_go, require_root};
+use crate::{
+    faults::{ARGS, ENV, ROUNDS, majflt_agrees},
+    scenario::{GcSwap, MemCgroup, SwapFile, majflt, page_out},
+    support::{build_workload, go_matrix, newest_go, require_root},
+};
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
 
@@ -412,6 +416,140 @@ fn agent_exports_go_processes_to_prometheus() {
             assert_eq!(status, 200, "{expr}: {body}");
         }
     }
+}
+
+/// Sum of the values of `name` series whose labels contain every `filters`
+/// entry (`key="value"`), in a Prometheus text exposition.
+fn sum_series(body: &str, name: &str, filters: &[&str]) -> f64 {
+    body.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?.strip_prefix('{')?;
+            let (labels, value) = rest.rsplit_once("} ")?;
+            filters
+                .iter()
+                .all(|f| labels.split(',').any(|l| l == *f))
+                .then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+/// The agent traces the page-out workload (its anonymous memory pushed to
+/// swap before each GC, so the GC's stop-the-world pause faults it back):
+/// /metrics shows swap-in major faults inside pauses, pauses with faults in
+/// the per-pause histogram, own waits, and fault totals that agree with the
+/// workload's /proc/PID/stat majflt since it was traced.
+#[test]
+fn agent_exports_major_faults_in_pauses() {
+    require_root();
+    let _swap = SwapFile::create("agent-faults", 1);
+    let cgroup = MemCgroup::create("gostw-agent-faults");
+    let bin = build_workload("gcswap", &newest_go(), "", &[]);
+    let mut procs = Procs::new("agent-faults");
+    let port = free_port();
+    let matching = format!(
+        "^{}$",
+        regex::escape(&bin.canonicalize().unwrap().display().to_string())
+    );
+    let agent_log = start_agent(&mut procs, port, &matching);
+    let metrics = || {
+        http_get(port, "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default()
+    };
+    // The backend is attached once, after the server is up.
+    let backend = wait_until("the fault backend", Duration::from_secs(30), || {
+        let body = metrics();
+        ["kprobe", "tracepoint", "none"]
+            .into_iter()
+            .find(|b| body.contains(&format!("gostw_agent_fault_backend{{backend=\"{b}\"}} 1")))
+    });
+    assert_ne!(
+        backend,
+        "none",
+        "no fault backend: {}",
+        fs::read_to_string(&agent_log).unwrap()
+    );
+    assert!(
+        fs::read_to_string(&agent_log)
+            .unwrap()
+            .contains(&format!("major faults: {backend} backend"))
+    );
+
+    let mut workload = GcSwap::start(&bin, ARGS, ENV, |pid| cgroup.add(pid));
+    let pid = workload.pid;
+    wait_until("gcswap to be traced", Duration::from_secs(30), || {
+        (sum_series(
+            &format!("{}\n", metrics()),
+            "gostw_traced_processes",
+            &[r#"executable="gcswap""#],
+        ) == 1.0)
+            .then_some(())
+    });
+    // Idle until the first GC: faults from now on are the agent's to see.
+    let majflt_traced = majflt(pid);
+    for _ in 0..ROUNDS {
+        let bytes = page_out(pid);
+        assert!(bytes > 32 << 20, "paged out only {bytes} bytes");
+        std::thread::sleep(Duration::from_millis(300));
+        cgroup.force_empty();
+        workload.gc();
+    }
+    // Idle again: every fault is in majflt now, and the agent exports the
+    // last ones once their pause membership is settled (a few seconds).
+    let majflt_done = majflt(pid) - majflt_traced;
+    let exe = r#"executable="gcswap""#;
+    let total = |body: &str| sum_series(body, "gostw_major_faults_total", &[exe]) as u64;
+    let body = wait_until(
+        "the agent's fault total to settle",
+        Duration::from_secs(20),
+        || {
+            let body = metrics();
+            majflt_agrees(total(&body), majflt_done).then_some(body)
+        },
+    );
+    let in_pause_swap = sum_series(
+        &body,
+        "gostw_major_faults_total",
+        &[exe, r#"in_pause="true""#, r#"backing="swap""#],
+    );
+    let out = sum_series(
+        &body,
+        "gostw_major_faults_total",
+        &[exe, r#"in_pause="false""#],
+    );
+    let pauses = sum_series(&body, "gostw_pause_major_faults_count", &[exe]);
+    let no_fault_pauses = sum_series(
+        &body,
+        "gostw_pause_major_faults_bucket",
+        &[exe, r#"le="0.0""#],
+    );
+    let per_pause_sum = sum_series(&body, "gostw_pause_major_faults_sum", &[exe]);
+    let own = sum_series(
+        &body,
+        "gostw_fault_wait_seconds_sum",
+        &[exe, r#"waited_on="own""#],
+    );
+    let other = sum_series(
+        &body,
+        "gostw_fault_wait_seconds_sum",
+        &[exe, r#"waited_on="other""#],
+    );
+    eprintln!(
+        "agent: {} major faults (majflt {majflt_done}): {in_pause_swap} in pauses (swap), {out} outside; \
+         {pauses} pauses, {} with faults, {per_pause_sum} faults counted per pause; wait own {own:.3} s, other {other:.3} s",
+        total(&body),
+        pauses - no_fault_pauses
+    );
+    assert!(in_pause_swap > 0.0, "no swap-in faults in pauses");
+    assert!(
+        pauses - no_fault_pauses >= ROUNDS as f64,
+        "{} pauses with major faults in the histogram, expected at least {ROUNDS}",
+        pauses - no_fault_pauses
+    );
+    assert!(per_pause_sum > 0.0 && per_pause_sum <= in_pause_swap + 0.5);
+    assert!(own > 0.0, "no own waits");
+    assert!(body.contains("gostw_agent_events_lost_total{stage=\"fault_queue_full\"} 0"));
+    let _ = workload.quit();
 }
 
 /// With exec notifications from the kernel, a new Go process is traced long

@@ -55,13 +55,13 @@ impl GcSwapReport {
 }
 
 /// Paged-out GCs per run.
-const ROUNDS: usize = 4;
+pub const ROUNDS: usize = 4;
 /// Eight walkers on eight Ps: a thread blocked in a fault keeps its P, so
 /// only GOMAXPROCS threads can wait at once, and with the leader of the walk
 /// waiting on its read, the others queue behind it on the same pages
 /// (other-thread waits) however busy the machine's two CPUs are.
-const ARGS: &[&str] = &["-live-mb", "64", "-goroutines", "4000", "-walkers", "8"];
-const ENV: &[(&str, &str)] = &[("GOMAXPROCS", "8")];
+pub const ARGS: &[&str] = &["-live-mb", "64", "-goroutines", "4000", "-walkers", "8"];
+pub const ENV: &[(&str, &str)] = &[("GOMAXPROCS", "8")];
 
 struct Outcome {
     summary: FaultSummary,
@@ -188,11 +188,16 @@ fn run_traced(
 /// gostw may see fewer: allow 0.1% + 3 below, none above.
 fn assert_majflt_agrees(traced_faults: u64, final_majflt: u64, report: &GcSwapReport) {
     assert!(
-        traced_faults <= final_majflt && final_majflt - traced_faults <= final_majflt / 1000 + 3,
+        majflt_agrees(traced_faults, final_majflt),
         "gostw counted {traced_faults} major faults, /proc/PID/stat says {final_majflt}"
     );
     // The workload's own reading, before its exit, cannot be above either.
     assert!(report.majflt as u64 <= final_majflt);
+}
+
+/// The tolerance of `assert_majflt_agrees`: 0.1% + 3 below majflt, none above.
+pub fn majflt_agrees(traced_faults: u64, majflt: u64) -> bool {
+    traced_faults <= majflt && majflt - traced_faults <= majflt / 1000 + 3
 }
 
 /// Runtime functions that touch GC metadata inside the sweep-termination
