@@ -5,8 +5,9 @@
 //!   `kprobe_events` file in tracefs, or the kernel config says so) and the
 //!   probed function (`do_swap_page`) in `/proc/kallsyms`.
 //! - `tracepoint`: needs tracefs (mounted, or mountable: gostw mounts it when
-//!   it traces) and the events `exceptions:page_fault_user` and
-//!   `filemap:mm_filemap_fault`.
+//!   it traces) and the event `exceptions:page_fault_user`
+//!   (`filemap:mm_filemap_fault` is optional: without it, as on Debian's 6.1,
+//!   the backend attaches the rest and reports the fault kind as unknown).
 //!
 //! kprobes are preferred where they work (they see the swap-in itself); the
 //! tracepoints are the stable fallback. All reads go through `SystemView`
@@ -71,7 +72,7 @@ impl SystemView for LiveSystem {
 const TRACEFS_DIRS: &[&str] = &["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 /// Kernel functions the kprobe backend probes (renamed across versions; any one will do).
 const KPROBE_TARGETS: &[&str] = &["do_swap_page"];
-const TRACEPOINTS: &[&str] = &["exceptions/page_fault_user", "filemap/mm_filemap_fault"];
+const TRACEPOINTS: &[&str] = &["exceptions/page_fault_user"];
 
 /// Decide for the running machine.
 pub fn detect() -> BackendChoice {
@@ -343,12 +344,12 @@ mod tests {
     #[test]
     fn missing_event_is_reported() {
         let sys = FakeSystem::default().with(
-            "/sys/kernel/tracing/events/exceptions/page_fault_user/id",
+            "/sys/kernel/tracing/events/filemap/mm_filemap_fault/id",
             "1",
         );
         let c = detect_with(&sys);
         assert!(!c.tracepoints.available);
-        assert!(c.tracepoints.detail.contains("filemap:mm_filemap_fault"));
+        assert!(c.tracepoints.detail.contains("exceptions:page_fault_user"));
     }
 
     #[test]
