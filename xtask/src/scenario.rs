@@ -5,7 +5,7 @@
 use anyhow::bail;
 
 use crate::{
-    cmd::{exec, step, workspace_root},
+    cmd::{exec, step},
     go, setup,
 };
 
@@ -45,17 +45,7 @@ pub fn run_with_go(name: Scenario, matrix: &str) -> anyhow::Result<()> {
     };
     step(&format!("scenario: {test}"));
     exec(
-        std::process::Command::new("cargo")
-            .current_dir(workspace_root())
-            .args([
-                "test",
-                "--package",
-                "tracer",
-                "--features",
-                "kernel-tests",
-                "--test",
-                "kernel",
-            ])
+        crate::test::kernel_tests()
             .args(["--", "--test-threads=1", "--nocapture", "--exact", test])
             .env("GOSTW_GO_MATRIX", matrix),
     )

@@ -48,15 +48,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     if !setup::is_root() {
         bail!("the agent loads eBPF programs and needs root: run `sudo -E cargo xtask soak-agent`");
     }
-    step("build gostw (release)");
-    exec(Command::new("cargo").current_dir(workspace_root()).args([
-        "build",
-        "--release",
-        "--package",
-        "tracer",
-        "--bin",
-        "gostw",
-    ]))?;
+    let gostw = crate::demo::build_gostw_release()?;
     let mut bins = Vec::new();
     for version in [go::DEFAULT, "1.22.10"] {
         let t = go::toolchain(version).context("Go version not in the matrix")?;
@@ -79,7 +71,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let mut agent = Children::default();
     agent.0.push(
-        Command::new(workspace_root().join("target/release/gostw"))
+        Command::new(&gostw)
             .args(["agent", "--listen", &format!("127.0.0.1:{port}")])
             // Only this checkout's workloads: other checkouts' tests on the
             // same host must not pay for uprobes.

@@ -86,16 +86,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                 );
             }
             exec(
-                cargo()
-                    .args([
-                        "test",
-                        "--package",
-                        "tracer",
-                        "--features",
-                        "kernel-tests",
-                        "--test",
-                        "kernel",
-                    ])
+                kernel_tests()
                     .args(["--", "--test-threads=1"])
                     .args(vm::HOST_SKIP.iter().flat_map(|t| ["--skip", *t]))
                     .args(&opts.kernel_test_args)
@@ -126,5 +117,13 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
 fn cargo() -> Command {
     let mut c = Command::new("cargo");
     c.current_dir(workspace_root());
+    c
+}
+
+/// `cargo test` of the kernel test binary; arguments after a `--` go to it.
+pub fn kernel_tests() -> Command {
+    let mut c = cargo();
+    c.args(["test", "--package", "tracer", "--features", "kernel-tests"])
+        .args(["--test", "kernel"]);
     c
 }
