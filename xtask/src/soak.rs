@@ -14,7 +14,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use crate::{
-    cmd::{exec, step, workspace_root},
+    cmd::{step, workspace_root},
     go, setup,
 };
 
@@ -52,20 +52,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let mut bins = Vec::new();
     for version in [go::DEFAULT, "1.22.10"] {
         let t = go::toolchain(version).context("Go version not in the matrix")?;
-        let out = workspace_root()
-            .join("target/go-workloads")
-            .join(version)
-            .join("stw");
-        step(&format!("build the stw workload with Go {version}"));
-        exec(
-            Command::new(t.go())
-                .current_dir(workspace_root().join("scripts/workloads/stw"))
-                .args(["build", "-o"])
-                .arg(&out)
-                .arg(".")
-                .env("GOTOOLCHAIN", "local")
-                .env("GOFLAGS", "-buildvcs=false"),
-        )?;
+        let out = crate::demo::build_stw_workload(t, version)?;
         bins.push(out);
     }
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
