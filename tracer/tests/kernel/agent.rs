@@ -20,7 +20,7 @@ use tracer::agent::{
 
 use crate::{
     faults::{ARGS, ENV, ROUNDS, majflt_agrees},
-    scenario::{GcSwap, MemCgroup, SwapFile, majflt, page_out},
+    scenario::{GcSwap, MemCgroup, SwapFile, majflt, swap_out},
     support::{build_workload, go_matrix, newest_go, require_root},
 };
 
@@ -488,10 +488,8 @@ fn agent_exports_major_faults_in_pauses() {
     // Idle until the first GC: faults from now on are the agent's to see.
     let majflt_traced = majflt(pid);
     for _ in 0..ROUNDS {
-        let bytes = page_out(pid);
+        let bytes = swap_out(pid, &cgroup);
         assert!(bytes > 32 << 20, "paged out only {bytes} bytes");
-        std::thread::sleep(Duration::from_millis(300));
-        cgroup.force_empty();
         workload.gc();
     }
     // Idle again: every fault is in majflt now, and the agent exports the

@@ -7,7 +7,7 @@
 //! Needs kprobes, so it runs in the VM suite (`cargo xtask vm-test`, part of
 //! `cargo xtask test`); the host's kernel test step skips it by name.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::collections::BTreeMap;
 
 use tracer::{
     binary::GoBinary,
@@ -19,7 +19,7 @@ use tracer::{
 };
 
 use crate::{
-    scenario::{GcSwap, MemCgroup, SwapFile, page_out},
+    scenario::{GcSwap, MemCgroup, SwapFile, swap_out},
     support::{build_workload, newest_go, require_root},
 };
 
@@ -118,10 +118,8 @@ fn kprobe_and_tracepoint_backends_agree_per_pause() {
     kprobe.faults.add_process(pid).unwrap();
     tracepoint.faults.add_process(pid).unwrap();
     for _ in 0..3 {
-        let bytes = page_out(pid);
+        let bytes = swap_out(pid, &cgroup);
         assert!(bytes > 32 << 20, "paged out only {bytes} bytes");
-        std::thread::sleep(Duration::from_millis(300));
-        cgroup.force_empty();
         workload.gc();
         kprobe.drain();
         tracepoint.drain();

@@ -22,7 +22,7 @@ use tracer::{
 use tracer_common::{counters::Counter, fault::Backend};
 
 use crate::{
-    scenario::{GcSwap, MemCgroup, SwapFile, page_out},
+    scenario::{GcSwap, MemCgroup, SwapFile, swap_out},
     support::{GoToolchain, build_workload, go_matrix, newest_go, require_root},
 };
 
@@ -90,12 +90,8 @@ fn run_gcswap_env(
     let mut rounds = 0;
     let outcome = run_traced(go, source, ARGS, env, &cgroup, |workload| {
         if page_out_first {
-            let bytes = page_out(workload.pid);
+            let bytes = swap_out(workload.pid, &cgroup);
             assert!(bytes > 32 << 20, "paged out only {bytes} bytes");
-            // Let the swap writes finish, then drop the clean swap cache they
-            // leave behind, or the next touch is only a minor fault.
-            std::thread::sleep(Duration::from_millis(300));
-            cgroup.force_empty();
         }
         workload.gc();
         rounds += 1;
@@ -511,13 +507,38 @@ fn neighbour_pressure_faults_agree_with_majflt() {
     );
 }
 
+/// Start the real gostw with `args` (stdout piped) and wait until its
+/// standard error says `ready`. The returned reader keeps stderr open, so
+/// gostw's later messages do not hit a closed pipe.
+fn start_gostw(
+    args: &[&str],
+    ready: &str,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStderr>,
+) {
+    use std::io::BufRead as _;
+
+    let mut gostw = std::process::Command::new(env!("CARGO_BIN_EXE_gostw"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting gostw");
+    let mut err = std::io::BufReader::new(gostw.stderr.take().unwrap());
+    let mut line = String::new();
+    while err.read_line(&mut line).unwrap() > 0 && !line.contains(ready) {
+        line.clear();
+    }
+    assert!(line.contains(ready), "gostw {args:?} did not start");
+    (gostw, err)
+}
+
 /// `gostw faults --json --pid` end to end (the real binary): attached to a
 /// running gcswap that is paged out before each GC, it reports faults in
 /// its pauses, in runtime GC code.
 #[test]
 fn cli_reports_faults_in_pauses() {
-    use std::io::{BufRead as _, BufReader};
-
     require_root();
     let _swap = SwapFile::create("faults-cli", 1);
     let cgroup = MemCgroup::create("gostw-faults-cli");
@@ -525,23 +546,13 @@ fn cli_reports_faults_in_pauses() {
     let path = build_workload("gcswap", &go, "", &[]);
     let mut workload = GcSwap::start(&path, ARGS, ENV, |pid| cgroup.add(pid));
     let pid = workload.pid;
-    let mut gostw = std::process::Command::new(env!("CARGO_BIN_EXE_gostw"))
-        .args(["faults", "--json", "--pid", &pid.to_string()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("starting gostw");
     // It names its backend once everything is attached.
-    let mut err = BufReader::new(gostw.stderr.take().unwrap());
-    let mut line = String::new();
-    while err.read_line(&mut line).unwrap() > 0 && !line.contains("fault backend") {
-        line.clear();
-    }
-    assert!(line.contains("fault backend"), "gostw faults did not start");
+    let (gostw, _stderr) = start_gostw(
+        &["faults", "--json", "--pid", &pid.to_string()],
+        "fault backend",
+    );
     for _ in 0..2 {
-        page_out(pid);
-        std::thread::sleep(Duration::from_millis(300));
-        cgroup.force_empty();
+        swap_out(pid, &cgroup);
         workload.gc();
     }
     let _ = workload.quit();
@@ -575,8 +586,6 @@ fn cli_reports_faults_in_pauses() {
 /// stack-growth sections.
 #[test]
 fn attach_pause_records_carry_their_faults() {
-    use std::io::{BufRead as _, BufReader};
-
     require_root();
     let _swap = SwapFile::create("faults-attach", 1);
     let cgroup = MemCgroup::create("gostw-faults-attach");
@@ -584,24 +593,14 @@ fn attach_pause_records_carry_their_faults() {
     let path = build_workload("gcswap", &go, "", &[]);
     let mut workload = GcSwap::start(&path, ARGS, ENV, |pid| cgroup.add(pid));
     let pid = workload.pid;
-    let mut gostw = std::process::Command::new(env!("CARGO_BIN_EXE_gostw"))
-        .args(["attach", "--json", "--pid", &pid.to_string()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("starting gostw");
-    let mut err = BufReader::new(gostw.stderr.take().unwrap());
-    let mut line = String::new();
-    while err.read_line(&mut line).unwrap() > 0 && !line.contains("tracing pid") {
-        line.clear();
-    }
-    assert!(line.contains("tracing pid"), "gostw attach did not start");
+    let (gostw, _stderr) = start_gostw(
+        &["attach", "--json", "--pid", &pid.to_string()],
+        "tracing pid",
+    );
     workload.gc();
     let paged_from = monotonic_ns();
     for _ in 0..2 {
-        page_out(pid);
-        std::thread::sleep(Duration::from_millis(300));
-        cgroup.force_empty();
+        swap_out(pid, &cgroup);
         workload.gc();
     }
     let _ = workload.quit();

@@ -141,6 +141,16 @@ impl Drop for MemCgroup {
     }
 }
 
+/// Push `pid`'s anonymous memory to swap, let the swap writes finish, then
+/// drop the clean swap cache they leave behind (or the next touch is only a
+/// minor fault). Returns the bytes advised.
+pub fn swap_out(pid: u32, cgroup: &MemCgroup) -> u64 {
+    let bytes = page_out(pid);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    cgroup.force_empty();
+    bytes
+}
+
 /// Push every private, writable, anonymous mapping of `pid` to swap with
 /// `process_madvise(MADV_PAGEOUT)`. Returns the bytes advised.
 pub fn page_out(pid: u32) -> u64 {
