@@ -161,3 +161,20 @@ impl ProcessSymbolizer {
             .symbolize_return_address(ret.wrapping_sub(self.load_bias))
     }
 }
+
+/// The function symbols of an ELF symbol table, sorted: (start, end, name).
+/// For code without pclntab (non-Go programs) and symtab fallbacks.
+pub fn elf_text_symbols<'a>(file: &impl object::Object<'a>) -> Vec<(u64, u64, String)> {
+    use object::ObjectSymbol as _;
+
+    let mut functions: Vec<_> = file
+        .symbols()
+        .filter(|s| s.kind() == object::SymbolKind::Text && s.address() != 0)
+        .filter_map(|s| {
+            let name = s.name().ok()?;
+            Some((s.address(), s.address() + s.size().max(1), name.to_owned()))
+        })
+        .collect();
+    functions.sort();
+    functions
+}

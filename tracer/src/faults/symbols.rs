@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+use object::{Object as _, ObjectSegment as _};
 
 /// Turns a link-time address of one executable into a function name.
 pub trait Symbolizer: Send + Sync {
@@ -30,15 +30,7 @@ impl ElfSymtab {
         let data = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         let file =
             object::File::parse(&*data).with_context(|| format!("parsing {}", path.display()))?;
-        let mut functions: Vec<_> = file
-            .symbols()
-            .filter(|s| s.kind() == object::SymbolKind::Text && s.address() != 0)
-            .filter_map(|s| {
-                let name = s.name().ok()?;
-                Some((s.address(), s.address() + s.size().max(1), name.to_owned()))
-            })
-            .collect();
-        functions.sort();
+        let functions = crate::symbolize::elf_text_symbols(&file);
         let base_vaddr = file.segments().map(|s| s.address()).min().unwrap_or(0) & !0xfff;
         Ok(ElfSymtab {
             functions,

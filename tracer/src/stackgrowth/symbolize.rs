@@ -103,15 +103,7 @@ impl ElfSymbols {
     /// Parse an ELF image.
     pub fn parse(data: Vec<u8>) -> anyhow::Result<ElfSymbols> {
         let file = object::read::elf::ElfFile64::<object::Endianness>::parse(&*data)?;
-        let mut functions: Vec<(u64, u64, String)> = file
-            .symbols()
-            .filter(|s| s.kind() == object::SymbolKind::Text && s.address() != 0)
-            .filter_map(|s| {
-                let name = s.name().ok()?;
-                Some((s.address(), s.address() + s.size().max(1), name.to_owned()))
-            })
-            .collect();
-        functions.sort();
+        let functions = crate::symbolize::elf_text_symbols(&file);
         let allglen = file
             .symbols()
             .find(|s| s.name() == Ok("runtime.allglen"))
