@@ -7,16 +7,59 @@
 use std::{
     collections::{HashMap, HashSet},
     path::Path,
+    sync::Arc,
 };
 
-use tracer_common::process::TracedProcess;
+use tracer_common::process::{Probe, TracedProcess};
 
 use super::{
-    discovery::{ExeId, NewProcess},
+    discovery::NewProcess,
     labels::{self, OVERFLOW, ProcessLabels},
-    metrics::{FailureReason, Metrics},
-    observe::CpuSamples,
 };
+use crate::{
+    engine::observed::{CpuSamples, Observed, ProcessInfo},
+    image::{ExeId, ExecutableImage},
+};
+
+/// Why an executable or a process could not be traced (a bounded label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailureReason {
+    /// The binary could not be analysed (not readable, malformed, no probe point).
+    Analysis,
+    /// A Go version whose runtime layout gostw does not know.
+    UnsupportedGo,
+    /// The kernel refused a probe.
+    Attach,
+    /// The process could not be added to the traced set.
+    Trace,
+    /// The process exited before it could be traced.
+    ProcessGone,
+    /// `--max-executables` reached.
+    Limit,
+}
+
+impl FailureReason {
+    pub const ALL: [FailureReason; 6] = [
+        FailureReason::Analysis,
+        FailureReason::UnsupportedGo,
+        FailureReason::Attach,
+        FailureReason::Trace,
+        FailureReason::ProcessGone,
+        FailureReason::Limit,
+    ];
+
+    /// The metric label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            FailureReason::Analysis => "analysis",
+            FailureReason::UnsupportedGo => "unsupported_go",
+            FailureReason::Attach => "attach",
+            FailureReason::Trace => "trace",
+            FailureReason::ProcessGone => "process_gone",
+            FailureReason::Limit => "limit",
+        }
+    }
+}
 
 /// What analysing and attaching an executable gave.
 pub struct Attached<P> {
@@ -27,6 +70,8 @@ pub struct Attached<P> {
     /// e.g. "go1.22.10".
     pub go_version: String,
     pub build_id: String,
+    /// The analysed executable (None only for test kernels).
+    pub image: Option<Arc<ExecutableImage>>,
 }
 
 /// Why an executable could not be attached.
@@ -41,7 +86,26 @@ pub enum AttachError {
     },
 }
 
-/// The kernel side of tracing.
+/// Why a process is not traced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotTraced {
+    NotGo,
+    /// Its executable failed before and is not tried again.
+    Rejected,
+    Failed(FailureReason, String),
+}
+
+impl std::fmt::Display for NotTraced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotTraced::NotGo => f.write_str("not a Go program"),
+            NotTraced::Rejected => f.write_str("its executable could not be traced before"),
+            NotTraced::Failed(_, message) => f.write_str(message),
+        }
+    }
+}
+
+/// The kernel side of tracing (the real one is `kernel::Core`).
 pub trait Kernel {
     /// Handle of the probes attached to one executable.
     type Probes;
@@ -53,12 +117,12 @@ pub trait Kernel {
     fn trace(&mut self, pid: u32, traced: &TracedProcess) -> anyhow::Result<()>;
     /// Remove `pid` and its kernel state (it exited).
     fn untrace(&mut self, pid: u32);
-    /// `stopTheWorldWithSema` entries of `pid` so far.
-    fn stop_the_world_entries(&mut self, pid: u32) -> u64;
-    /// CPU samples of `pid` so far (the stack growth sampler's).
-    fn cpu_samples(&mut self, pid: u32) -> CpuSamples;
+    /// How many times `probe` fired in `pid` so far.
+    fn probe_hits(&mut self, pid: u32, probe: Probe) -> u64;
     /// Samples per second per CPU of the stack growth sampler.
     fn sample_hz(&self) -> u64;
+    /// What else the kernel kept for `pid`, read just before it is untraced.
+    fn collect_final(&mut self, _pid: u32, _out: &mut Vec<Observed>) {}
 }
 
 struct Executable<P> {
@@ -66,12 +130,13 @@ struct Executable<P> {
     traced: TracedProcess,
     go_version: String,
     build_id: String,
+    image: Option<Arc<ExecutableImage>>,
     pids: HashSet<u32>,
 }
 
 struct Process {
     exe: ExeId,
-    labels: ProcessLabels,
+    info: Arc<ProcessInfo>,
     /// Last `stopTheWorldWithSema` entry count read from the kernel.
     stw_entries: u64,
     /// Last CPU sample counts read from the kernel.
@@ -140,19 +205,41 @@ impl<K: Kernel> Tracker<K> {
         self.executables.len()
     }
 
+    /// The traced processes.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self.processes.keys().copied().collect();
+        pids.sort_unstable();
+        pids
+    }
+
+    /// What every traced process is.
+    pub fn infos(&self) -> Vec<Arc<ProcessInfo>> {
+        self.processes.values().map(|p| p.info.clone()).collect()
+    }
+
     /// Labels of a traced process.
     pub fn labels(&self, pid: u32) -> Option<&ProcessLabels> {
-        self.processes.get(&pid).map(|p| &p.labels)
+        self.processes.get(&pid).map(|p| &p.info.labels)
     }
 
     /// A process appeared: attach its executable if needed, then trace it.
-    pub fn started(&mut self, p: &NewProcess, path: &Path, metrics: &Metrics) {
-        if self.rejected.contains(&p.exe) || self.processes.contains_key(&p.pid) {
-            return;
+    /// Returns why it is not traced, if it is not (a front end that traces
+    /// one process reports it; the agent counts and logs).
+    pub fn started(
+        &mut self,
+        p: &NewProcess,
+        path: &Path,
+        out: &mut Vec<Observed>,
+    ) -> Result<(), NotTraced> {
+        if self.processes.contains_key(&p.pid) {
+            return Ok(());
+        }
+        if self.rejected.contains(&p.exe) {
+            return Err(NotTraced::Rejected);
         }
         if !self.executables.contains_key(&p.exe) {
             if self.executables.len() >= self.limits.max_executables {
-                metrics.attach_failure(FailureReason::Limit);
+                out.push(Observed::AttachFailed(FailureReason::Limit));
                 if self.limit_logged.len() < self.limits.max_rejected
                     && self.limit_logged.insert(p.exe)
                 {
@@ -163,7 +250,10 @@ impl<K: Kernel> Tracker<K> {
                         self.limits.max_executables
                     );
                 }
-                return;
+                return Err(NotTraced::Failed(
+                    FailureReason::Limit,
+                    format!("--max-executables {} reached", self.limits.max_executables),
+                ));
             }
             match self.kernel.attach(p.pid, path) {
                 Ok(a) => {
@@ -181,21 +271,22 @@ impl<K: Kernel> Tracker<K> {
                             traced: a.traced,
                             go_version: a.go_version,
                             build_id: a.build_id,
+                            image: a.image,
                             pids: HashSet::new(),
                         },
                     );
                 }
                 Err(AttachError::NotGo) => {
                     self.reject(p.exe);
-                    return;
+                    return Err(NotTraced::NotGo);
                 }
                 Err(AttachError::Failed {
                     reason: FailureReason::ProcessGone,
-                    ..
+                    message,
                 }) => {
                     // Not the executable's fault: the next process of it is tried.
-                    metrics.attach_failure(FailureReason::ProcessGone);
-                    return;
+                    out.push(Observed::AttachFailed(FailureReason::ProcessGone));
+                    return Err(NotTraced::Failed(FailureReason::ProcessGone, message));
                 }
                 Err(AttachError::Failed { reason, message }) => {
                     log::warn!(
@@ -203,20 +294,20 @@ impl<K: Kernel> Tracker<K> {
                         p.exe_path.display(),
                         p.pid
                     );
-                    metrics.attach_failure(reason);
+                    out.push(Observed::AttachFailed(reason));
                     self.reject(p.exe);
-                    return;
+                    return Err(NotTraced::Failed(reason, message));
                 }
             }
         }
         let exe = self.executables.get_mut(&p.exe).expect("attached above");
         if let Err(e) = self.kernel.trace(p.pid, &exe.traced) {
             log::warn!("cannot trace pid {}: {e:#}", p.pid);
-            metrics.attach_failure(FailureReason::Trace);
+            out.push(Observed::AttachFailed(FailureReason::Trace));
             if exe.pids.is_empty() {
-                self.detach(p.exe, metrics);
+                self.detach(p.exe, out);
             }
-            return;
+            return Err(NotTraced::Failed(FailureReason::Trace, format!("{e:#}")));
         }
         exe.pids.insert(p.pid);
         let mut labels = ProcessLabels {
@@ -229,89 +320,109 @@ impl<K: Kernel> Tracker<K> {
             && self.label_sets.len() >= self.limits.max_label_sets
         {
             labels.container = OVERFLOW.to_owned();
-            metrics.label_sets_overflowed.inc();
+            out.push(Observed::LabelsOverflowed);
         }
         *self.label_sets.entry(labels.clone()).or_default() += 1;
-        metrics.process_started(&labels);
+        let info = Arc::new(ProcessInfo {
+            pid: p.pid,
+            exe: p.exe_path.clone(),
+            labels,
+            go_version: exe.go_version.clone(),
+            image: exe.image.clone(),
+        });
+        out.push(Observed::Started(info.clone()));
         self.processes.insert(
             p.pid,
             Process {
                 exe: p.exe,
-                labels,
+                info,
                 stw_entries: 0,
                 samples: CpuSamples::default(),
             },
         );
-        self.update_gauges(metrics);
+        self.update_gauges(out);
+        Ok(())
     }
 
     /// A traced process exited: untrace it, drop its series if it was the
     /// last of its label set, detach its executable if it was the last.
-    pub fn exited(&mut self, pid: u32, metrics: &Metrics) {
+    pub fn exited(&mut self, pid: u32, out: &mut Vec<Observed>) {
         let Some(mut proc) = self.processes.remove(&pid) else {
             return;
         };
         // Pauses and samples counted between the last poll and the exit.
-        Self::read_entries(&mut self.kernel, pid, &mut proc, metrics);
+        Self::read_entries(&mut self.kernel, pid, &mut proc, out);
+        self.kernel.collect_final(pid, out);
         self.kernel.untrace(pid);
-        metrics.process_exited(&proc.labels);
-        if let Some(n) = self.label_sets.get_mut(&proc.labels) {
+        let mut last_of_labels = false;
+        if let Some(n) = self.label_sets.get_mut(&proc.info.labels) {
             *n -= 1;
             if *n == 0 {
-                self.label_sets.remove(&proc.labels);
-                metrics.remove(&proc.labels);
+                self.label_sets.remove(&proc.info.labels);
+                last_of_labels = true;
             }
         }
+        out.push(Observed::Exited {
+            pid,
+            last_of_labels,
+        });
         if let Some(exe) = self.executables.get_mut(&proc.exe) {
             exe.pids.remove(&pid);
             if exe.pids.is_empty() {
-                self.detach(proc.exe, metrics);
+                self.detach(proc.exe, out);
             }
         }
-        self.update_gauges(metrics);
+        self.update_gauges(out);
     }
 
     /// Read the kernel's per-process counts into the metrics.
-    pub fn poll_counts(&mut self, metrics: &Metrics) {
+    pub fn poll_counts(&mut self, out: &mut Vec<Observed>) {
         for (&pid, proc) in &mut self.processes {
-            Self::read_entries(&mut self.kernel, pid, proc, metrics);
+            Self::read_entries(&mut self.kernel, pid, proc, out);
         }
     }
 
     /// Detach everything (shutdown).
-    pub fn shutdown(&mut self, metrics: &Metrics) {
+    pub fn shutdown(&mut self, out: &mut Vec<Observed>) {
         let pids: Vec<u32> = self.processes.keys().copied().collect();
         for pid in pids {
-            self.exited(pid, metrics);
+            self.exited(pid, out);
         }
     }
 
-    fn read_entries(kernel: &mut K, pid: u32, proc: &mut Process, metrics: &Metrics) {
-        let now = kernel.stop_the_world_entries(pid);
-        if now > proc.stw_entries {
-            metrics.stop_the_world_entries(&proc.labels, now - proc.stw_entries);
-            proc.stw_entries = now;
-        }
-        let now = kernel.cpu_samples(pid);
+    fn read_entries(kernel: &mut K, pid: u32, proc: &mut Process, out: &mut Vec<Observed>) {
+        let entries = kernel.probe_hits(pid, Probe::StopTheWorld);
+        let now = CpuSamples {
+            all: kernel.probe_hits(pid, Probe::CpuSample),
+            stack_growth: kernel.probe_hits(pid, Probe::StackCopySample),
+        };
         let new = CpuSamples {
             all: now.all.saturating_sub(proc.samples.all),
             stack_growth: now.stack_growth.saturating_sub(proc.samples.stack_growth),
         };
-        if new != CpuSamples::default() {
-            metrics.cpu_samples(&proc.labels, new, kernel.sample_hz());
-            proc.samples = CpuSamples {
-                all: now.all.max(proc.samples.all),
-                stack_growth: now.stack_growth.max(proc.samples.stack_growth),
-            };
+        let new_entries = entries.saturating_sub(proc.stw_entries);
+        if new_entries == 0 && new == CpuSamples::default() {
+            return;
         }
+        proc.stw_entries = proc.stw_entries.max(entries);
+        proc.samples = CpuSamples {
+            all: now.all.max(proc.samples.all),
+            stack_growth: now.stack_growth.max(proc.samples.stack_growth),
+        };
+        out.push(Observed::Counts {
+            pid,
+            stop_the_world_entries: new_entries,
+            samples: new,
+            sample_hz: kernel.sample_hz(),
+        });
     }
 
-    fn detach(&mut self, exe: ExeId, metrics: &Metrics) {
+    fn detach(&mut self, exe: ExeId, out: &mut Vec<Observed>) {
         if let Some(e) = self.executables.remove(&exe) {
             self.kernel.detach(e.probes);
             self.limit_logged.clear();
         }
-        self.update_gauges(metrics);
+        self.update_gauges(out);
     }
 
     fn reject(&mut self, exe: ExeId) {
@@ -322,11 +433,11 @@ impl<K: Kernel> Tracker<K> {
         self.rejected.insert(exe);
     }
 
-    fn update_gauges(&self, metrics: &Metrics) {
-        metrics.processes_traced.set(self.processes.len() as i64);
-        metrics
-            .executables_attached
-            .set(self.executables.len() as i64);
+    fn update_gauges(&self, out: &mut Vec<Observed>) {
+        out.push(Observed::Traced {
+            processes: self.processes.len(),
+            executables: self.executables.len(),
+        });
     }
 }
 
@@ -335,6 +446,10 @@ pub mod tests {
     use std::path::PathBuf;
 
     use super::*;
+    use crate::sink::{
+        Sink as _,
+        metrics::{Metrics, MetricsSink},
+    };
 
     /// Records what the tracker asked of the kernel.
     #[derive(Default)]
@@ -375,6 +490,7 @@ pub mod tests {
                 traced: TracedProcess::default(),
                 go_version: "go1.26.6".into(),
                 build_id: "b1".into(),
+                image: None,
             })
         }
         fn detach(&mut self, probes: u32) {
@@ -391,11 +507,14 @@ pub mod tests {
             self.traced.remove(&pid);
             self.untraced.push(pid);
         }
-        fn stop_the_world_entries(&mut self, pid: u32) -> u64 {
-            self.entries.get(&pid).copied().unwrap_or(0)
-        }
-        fn cpu_samples(&mut self, pid: u32) -> CpuSamples {
-            self.samples.get(&pid).copied().unwrap_or_default()
+        fn probe_hits(&mut self, pid: u32, probe: Probe) -> u64 {
+            let samples = self.samples.get(&pid).copied().unwrap_or_default();
+            match probe {
+                Probe::StopTheWorld => self.entries.get(&pid).copied().unwrap_or(0),
+                Probe::CpuSample => samples.all,
+                Probe::StackCopySample => samples.stack_growth,
+                _ => 0,
+            }
         }
         fn sample_hz(&self) -> u64 {
             100
@@ -412,11 +531,25 @@ pub mod tests {
         }
     }
 
-    fn start(t: &mut Tracker<FakeKernel>, p: &NewProcess, m: &Metrics) {
-        t.started(p, &p.exe_path.clone(), m);
+    fn start(t: &mut Tracker<FakeKernel>, p: &NewProcess, m: &mut MetricsSink) {
+        let mut out = Vec::new();
+        let _ = t.started(p, &p.exe_path.clone(), &mut out);
+        m.observe_all(&out);
     }
 
-    fn failures(m: &Metrics, reason: &str) -> bool {
+    fn exit(t: &mut Tracker<FakeKernel>, pid: u32, m: &mut MetricsSink) {
+        let mut out = Vec::new();
+        t.exited(pid, &mut out);
+        m.observe_all(&out);
+    }
+
+    fn poll(t: &mut Tracker<FakeKernel>, m: &mut MetricsSink) {
+        let mut out = Vec::new();
+        t.poll_counts(&mut out);
+        m.observe_all(&out);
+    }
+
+    fn failures(m: &MetricsSink, reason: &str) -> bool {
         let mut s = String::new();
         prometheus_client::encoding::text::encode(&mut s, m.registry()).unwrap();
         s.contains(&format!(
@@ -426,25 +559,27 @@ pub mod tests {
 
     #[test]
     fn one_attach_per_executable_detach_after_last_exit() {
-        let m = Metrics::new();
+        let mut m = MetricsSink::new(Arc::new(Metrics::new()));
         let mut t = Tracker::new(FakeKernel::default(), Limits::default());
-        start(&mut t, &proc(10, 1, "/srv/api"), &m);
-        start(&mut t, &proc(11, 1, "/srv/api"), &m);
-        start(&mut t, &proc(12, 2, "/srv/worker"), &m);
+        start(&mut t, &proc(10, 1, "/srv/api"), &mut m);
+        start(&mut t, &proc(11, 1, "/srv/api"), &mut m);
+        start(&mut t, &proc(12, 2, "/srv/worker"), &mut m);
         assert_eq!(t.kernel.attaches.len(), 2);
         assert_eq!((t.processes(), t.executables()), (3, 2));
         assert_eq!(m.processes_traced.get(), 3);
-        t.exited(10, &m);
+        exit(&mut t, 10, &mut m);
         assert!(t.kernel.detaches.is_empty());
         assert_eq!(m.live_label_sets(), 2);
-        t.exited(11, &m);
+        exit(&mut t, 11, &mut m);
         assert_eq!(t.kernel.detaches, [1]);
         assert_eq!(m.live_label_sets(), 1);
         assert_eq!(t.kernel.traced, HashSet::from([12]));
         assert_eq!(m.executables_attached.get(), 1);
         // Unknown pids are ignored.
-        t.exited(99, &m);
-        t.shutdown(&m);
+        exit(&mut t, 99, &mut m);
+        let mut out = Vec::new();
+        t.shutdown(&mut out);
+        m.observe_all(&out);
         assert_eq!((t.processes(), t.executables()), (0, 0));
         assert_eq!(t.kernel.detaches, [1, 2]);
         assert_eq!(m.live_label_sets(), 0);
@@ -452,11 +587,11 @@ pub mod tests {
 
     #[test]
     fn non_go_and_failed_binaries_are_read_once() {
-        let m = Metrics::new();
+        let mut m = MetricsSink::new(Arc::new(Metrics::new()));
         let mut t = Tracker::new(FakeKernel::default(), Limits::default());
         for pid in 1..5 {
-            start(&mut t, &proc(pid, 7, "/bin/bash"), &m);
-            start(&mut t, &proc(100 + pid, 8, "/srv/stripped"), &m);
+            start(&mut t, &proc(pid, 7, "/bin/bash"), &mut m);
+            start(&mut t, &proc(100 + pid, 8, "/srv/stripped"), &mut m);
         }
         assert_eq!(t.kernel.attaches.len(), 2);
         assert!(failures(&m, "analysis"));
@@ -465,44 +600,44 @@ pub mod tests {
 
     #[test]
     fn a_process_gone_during_attach_is_retried_with_the_next() {
-        let m = Metrics::new();
+        let mut m = MetricsSink::new(Arc::new(Metrics::new()));
         let mut t = Tracker::new(FakeKernel::default(), Limits::default());
-        start(&mut t, &proc(1, 7, "/srv/gone"), &m);
-        start(&mut t, &proc(2, 7, "/srv/gone"), &m);
+        start(&mut t, &proc(1, 7, "/srv/gone"), &mut m);
+        start(&mut t, &proc(2, 7, "/srv/gone"), &mut m);
         assert_eq!(t.kernel.attaches.len(), 2);
         assert!(!failures(&m, "process_gone"), "counted twice");
     }
 
     #[test]
     fn limits_bound_executables_and_label_sets() {
-        let m = Metrics::new();
+        let mut m = MetricsSink::new(Arc::new(Metrics::new()));
         let limits = Limits {
             max_executables: 2,
             max_label_sets: 2,
             max_rejected: 4,
         };
         let mut t = Tracker::new(FakeKernel::default(), limits);
-        start(&mut t, &proc(1, 1, "/a"), &m);
-        start(&mut t, &proc(2, 2, "/b"), &m);
-        start(&mut t, &proc(3, 3, "/c"), &m);
+        start(&mut t, &proc(1, 1, "/a"), &mut m);
+        start(&mut t, &proc(2, 2, "/b"), &mut m);
+        start(&mut t, &proc(3, 3, "/c"), &mut m);
         assert_eq!(t.executables(), 2);
         assert!(failures(&m, "limit"));
         // Same executable, another container: over the label-set limit.
         let mut other = proc(4, 1, "/a");
         other.cgroup = "0::/system.slice/x.service\n".into();
-        start(&mut t, &other, &m);
+        start(&mut t, &other, &mut m);
         assert_eq!(t.labels(4).unwrap().container, OVERFLOW);
         assert_eq!(m.label_sets_overflowed.get(), 1);
         // A slot frees up: the next process of /c attaches.
-        t.exited(2, &m);
-        start(&mut t, &proc(5, 3, "/c"), &m);
+        exit(&mut t, 2, &mut m);
+        start(&mut t, &proc(5, 3, "/c"), &mut m);
         assert_eq!(t.executables(), 2);
         assert!(t.labels(5).is_some());
     }
 
     #[test]
     fn trace_failure_detaches_an_unused_executable() {
-        let m = Metrics::new();
+        let mut m = MetricsSink::new(Arc::new(Metrics::new()));
         let mut t = Tracker::new(
             FakeKernel {
                 fail_trace: true,
@@ -510,7 +645,7 @@ pub mod tests {
             },
             Limits::default(),
         );
-        start(&mut t, &proc(1, 1, "/a"), &m);
+        start(&mut t, &proc(1, 1, "/a"), &mut m);
         assert_eq!((t.processes(), t.executables()), (0, 0));
         assert_eq!(t.kernel.detaches, [1]);
         assert!(failures(&m, "trace"));
@@ -518,16 +653,16 @@ pub mod tests {
 
     #[test]
     fn stop_the_world_entries_are_counted_as_deltas_including_at_exit() {
-        let m = Metrics::new();
+        let mut m = MetricsSink::new(Arc::new(Metrics::new()));
         let mut t = Tracker::new(FakeKernel::default(), Limits::default());
-        start(&mut t, &proc(1, 1, "/a"), &m);
-        start(&mut t, &proc(2, 1, "/a"), &m);
+        start(&mut t, &proc(1, 1, "/a"), &mut m);
+        start(&mut t, &proc(2, 1, "/a"), &mut m);
         t.kernel.entries.insert(1, 5);
-        t.poll_counts(&m);
+        poll(&mut t, &mut m);
         t.kernel.entries.insert(1, 7);
-        t.poll_counts(&m);
+        poll(&mut t, &mut m);
         t.kernel.entries.insert(1, 9);
-        t.exited(1, &m);
+        exit(&mut t, 1, &mut m);
         let mut s = String::new();
         prometheus_client::encoding::text::encode(&mut s, m.registry()).unwrap();
         assert!(
@@ -539,18 +674,18 @@ pub mod tests {
 
     #[test]
     fn cpu_samples_are_counted_as_deltas_including_at_exit() {
-        let m = Metrics::new();
+        let mut m = MetricsSink::new(Arc::new(Metrics::new()));
         let mut t = Tracker::new(FakeKernel::default(), Limits::default());
-        start(&mut t, &proc(1, 1, "/a"), &m);
-        start(&mut t, &proc(2, 1, "/a"), &m);
+        start(&mut t, &proc(1, 1, "/a"), &mut m);
+        start(&mut t, &proc(2, 1, "/a"), &mut m);
         let samples = |all, stack_growth| CpuSamples { all, stack_growth };
         t.kernel.samples.insert(1, samples(100, 10));
         t.kernel.samples.insert(2, samples(50, 0));
-        t.poll_counts(&m);
+        poll(&mut t, &mut m);
         t.kernel.samples.insert(1, samples(300, 40));
-        t.poll_counts(&m);
+        poll(&mut t, &mut m);
         t.kernel.samples.insert(1, samples(400, 60));
-        t.exited(1, &m);
+        exit(&mut t, 1, &mut m);
         let mut s = String::new();
         prometheus_client::encoding::text::encode(&mut s, m.registry()).unwrap();
         let l = r#"executable="a",go_version="go1.26.6",build_id="b1",container="""#;
