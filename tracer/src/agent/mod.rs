@@ -183,22 +183,23 @@ mod tests {
         let mut discovery = Discovery::new(Filter::default());
         let mut tracker = Tracker::new(FakeKernel::default(), Limits::default());
         let mut stream = Stream::new(WallClock::default(), StreamOptions::default());
-        let mut poll = |tracker: &mut Tracker<FakeKernel>, stream: &mut Stream, out: &mut Vec<_>| {
-            let c = discovery.poll(&proc).unwrap();
-            let changes = Changes {
-                started: c
-                    .started
-                    .into_iter()
-                    .map(|p| {
-                        let link = proc.exe_link(p.pid);
-                        (p, link)
-                    })
-                    .collect(),
-                exited: c.exited,
-                statuses: Vec::new(),
+        let mut poll =
+            |tracker: &mut Tracker<FakeKernel>, stream: &mut Stream, out: &mut Vec<_>| {
+                let c = discovery.poll(&proc).unwrap();
+                let changes = Changes {
+                    started: c
+                        .started
+                        .into_iter()
+                        .map(|p| {
+                            let link = proc.exe_link(p.pid);
+                            (p, link)
+                        })
+                        .collect(),
+                    exited: c.exited,
+                    statuses: Vec::new(),
+                };
+                assert!(apply(tracker, stream, changes, false, out).is_none());
             };
-            assert!(apply(tracker, stream, changes, false, out).is_none());
-        };
         let mut out = Vec::new();
         proc.start(10, 1, 100, "/srv/api");
         proc.start(11, 1, 100, "/srv/api");

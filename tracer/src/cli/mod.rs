@@ -80,7 +80,11 @@ impl TraceOptions {
             Duration::from_millis(1)
         };
         let threshold = self.threshold.unwrap_or(default).as_nanos() as u64;
-        Ok(Output::new(writer(self.output.as_ref())?, self.json, threshold))
+        Ok(Output::new(
+            writer(self.output.as_ref())?,
+            self.json,
+            threshold,
+        ))
     }
 }
 
@@ -157,7 +161,9 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
     engine.finish(&mut t.sink);
     let exited = t.target.finished();
     match (pid, exited, t.target.child_mut().is_some()) {
-        (Some(pid), false, _) => eprintln!("gostw: tracing stopped; pid {pid} keeps running untraced"),
+        (Some(pid), false, _) => {
+            eprintln!("gostw: tracing stopped; pid {pid} keeps running untraced")
+        }
         (Some(pid), true, false) => eprintln!("gostw: pid {pid} exited"),
         _ => {}
     }
@@ -175,7 +181,12 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
 
 /// A report sink for `view` with what `core` traces.
 pub fn report(view: View, output: Output, core: &CoreOptions) -> ReportSink {
-    ReportSink::new(view, output, core.faults.is_some(), core.stacks.map(|s| s.mode))
+    ReportSink::new(
+        view,
+        output,
+        core.faults.is_some(),
+        core.stacks.map(|s| s.mode),
+    )
 }
 
 /// Resolve a program name the way a shell would.

@@ -384,7 +384,9 @@ mod tests {
         let mut out = Vec::new();
         c.pause(pause(1, 10 * MS, MS), &mut out);
         assert_eq!(pauses(&out), [(1, 0)]);
-        let Observed::Pause(p) = &out[0] else { unreachable!() };
+        let Observed::Pause(p) = &out[0] else {
+            unreachable!()
+        };
         assert!(p.record.faults.is_none());
     }
 }

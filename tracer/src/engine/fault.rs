@@ -262,8 +262,14 @@ mod tests {
         assert_eq!((f.tgid, f.tid, f.begin_ns, f.end_ns), (7, 8, 1_000, 5_000));
         assert_eq!(f.duration_ns(), 4_000);
         assert!(f.waited_on_other());
-        assert_eq!(Fault::from_event(&event(0), none.clone(), false).kind, FaultKind::Unknown);
-        assert_eq!(Fault::from_event(&event(0), none.clone(), true).kind, FaultKind::SwapIn);
+        assert_eq!(
+            Fault::from_event(&event(0), none.clone(), false).kind,
+            FaultKind::Unknown
+        );
+        assert_eq!(
+            Fault::from_event(&event(0), none.clone(), true).kind,
+            FaultKind::SwapIn
+        );
         assert_eq!(
             Fault::from_event(&event(FaultEvent::FLAG_SWAP), none, false).kind,
             FaultKind::SwapIn
@@ -282,8 +288,14 @@ mod tests {
         .into();
         assert_eq!(f.site(), "runtime.(*spanSet).reset");
         let s = top_sites([&f, &f], 8);
-        assert_eq!((s[0].function.as_str(), s[0].faults), ("runtime.(*spanSet).reset", 2));
-        assert_eq!(s[0].stack[0], "internal/runtime/atomic.(*Uint32).Load (inlined)");
+        assert_eq!(
+            (s[0].function.as_str(), s[0].faults),
+            ("runtime.(*spanSet).reset", 2)
+        );
+        assert_eq!(
+            s[0].stack[0],
+            "internal/runtime/atomic.(*Uint32).Load (inlined)"
+        );
     }
 
     #[test]
@@ -293,7 +305,10 @@ mod tests {
         b.tid = 9;
         a.blocked_ns = 50;
         let s = PauseFaultStats::of(8, &[a, b.clone(), b]);
-        assert_eq!((s.all.faults, s.stopper.faults, s.other_threads.faults), (3, 1, 2));
+        assert_eq!(
+            (s.all.faults, s.stopper.faults, s.other_threads.faults),
+            (3, 1, 2)
+        );
         assert_eq!(s.top_sites, vec![("x".to_owned(), 3)]);
         assert_eq!(s.all.blocked_ns, 50 + 2 * 3_000);
     }

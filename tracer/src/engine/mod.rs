@@ -223,6 +223,69 @@ impl Engine {
         }
     }
 
+    /// Trace process `pid`, which runs (or is about to exec) the executable at
+    /// `path`: for callers that start and stop processes themselves (tests,
+    /// benchmarks). The target-driven `run` does this for its targets.
+    pub fn trace_process(
+        &mut self,
+        pid: u32,
+        path: &std::path::Path,
+        sink: &mut dyn Sink,
+    ) -> anyhow::Result<()> {
+        let p = crate::target::discovery::NewProcess {
+            pid,
+            exe: crate::image::ExeId::of(path)?,
+            exe_path: path.to_owned(),
+            comm: String::new(),
+            cgroup: std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default(),
+        };
+        let changes = Changes {
+            started: vec![(p, path.to_owned())],
+            ..Changes::default()
+        };
+        let failure = apply(
+            &mut self.tracker,
+            &mut self.stream,
+            changes,
+            true,
+            &mut self.out,
+        );
+        self.announce_backend();
+        self.deliver(sink);
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Read what the ring buffer holds now, release what time settles, and
+    /// hand it all to `sink`.
+    pub fn pump(&mut self, sink: &mut dyn Sink) {
+        if let Err(e) = self.tracker.kernel().tick() {
+            log::warn!("{e:#}");
+        }
+        self.drain();
+        self.tracker.poll_counts(&mut self.out);
+        self.stream.settle(monotonic_ns(), &mut self.out);
+        self.emit_health();
+        self.deliver(sink);
+    }
+
+    /// Process `pid` exited (or is no longer to be traced): its events are
+    /// read, its pauses released, and it is untraced.
+    pub fn process_exited(&mut self, pid: u32, sink: &mut dyn Sink) {
+        let changes = Changes {
+            exited: vec![pid],
+            ..Changes::default()
+        };
+        self.drain();
+        apply(
+            &mut self.tracker,
+            &mut self.stream,
+            changes,
+            false,
+            &mut self.out,
+        );
+        self.deliver(sink);
+    }
+
     /// End the trace: every event in, every process released and untraced,
     /// final counts out.
     pub fn finish(&mut self, sink: &mut dyn Sink) {
@@ -271,7 +334,13 @@ impl Engine {
             self.goroutines.retain(|(p, _)| p != pid);
         }
         let single = target.single().is_some();
-        let failure = apply(&mut self.tracker, &mut self.stream, changes, single, &mut self.out);
+        let failure = apply(
+            &mut self.tracker,
+            &mut self.stream,
+            changes,
+            single,
+            &mut self.out,
+        );
         if let Some(h) = target.host_state() {
             self.out.push(Observed::HostPolled {
                 known: h.known(),

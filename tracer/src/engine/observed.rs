@@ -12,8 +12,8 @@ use tracer_common::{
 
 use super::{correlate::CorrelatorStats, event::Losses, fault::Fault, pause::PauseRecord};
 use crate::{
-    kernel::capabilities::BackendChoice,
     image::ExecutableImage,
+    kernel::capabilities::BackendChoice,
     target::{labels::ProcessLabels, tracker::FailureReason},
 };
 
@@ -102,7 +102,10 @@ pub enum Observed {
         exec_notifications: u64,
     },
     /// How much is traced now.
-    Traced { processes: usize, executables: usize },
+    Traced {
+        processes: usize,
+        executables: usize,
+    },
     /// The stack-growth sampler was attached (true) or detached.
     SamplerAttached(bool),
     /// The fault backend attached (with the first traced process).

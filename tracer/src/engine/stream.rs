@@ -146,7 +146,11 @@ impl Stream {
             .map_or_else(Vec::new, |s| s.addresses(id as u32));
         let frames: Arc<[Frame]> = match self.images.get(&tgid) {
             Some(image) => image.stack(&pcs, MAX_FRAMES).into(),
-            None => pcs.iter().take(MAX_FRAMES).map(|&pc| Frame::unknown(pc)).collect(),
+            None => pcs
+                .iter()
+                .take(MAX_FRAMES)
+                .map(|&pc| Frame::unknown(pc))
+                .collect(),
         };
         self.stack_cache.insert((tgid, id), frames.clone());
         frames
@@ -282,6 +286,9 @@ pub mod tests {
             panic!("one pause expected");
         };
         let f = p.record.faults.as_ref().unwrap();
-        assert_eq!((f.all.faults, f.stopper.faults, f.other_threads.faults), (2, 1, 1));
+        assert_eq!(
+            (f.all.faults, f.stopper.faults, f.other_threads.faults),
+            (2, 1, 1)
+        );
     }
 }

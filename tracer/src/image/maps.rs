@@ -90,9 +90,15 @@ mod tests {
              garbage\n",
         );
         assert_eq!(m.len(), 2);
-        assert_eq!((m[0].start, m[0].end, m[0].offset), (0x400000, 0x401000, 0x1000));
+        assert_eq!(
+            (m[0].start, m[0].end, m[0].offset),
+            (0x400000, 0x401000, 0x1000)
+        );
         assert_eq!((m[0].inode, m[0].path.as_str()), (12, "/bin/my app"));
-        assert_eq!((m[1].inode, m[1].path.as_str(), m[1].perms.as_str()), (0, "", "rw-p"));
+        assert_eq!(
+            (m[1].inode, m[1].path.as_str(), m[1].perms.as_str()),
+            (0, "", "rw-p")
+        );
     }
 
     #[test]

@@ -120,7 +120,9 @@ impl ExecutableImage {
     /// The frames of link-time address `pc`, innermost first (inlined calls
     /// first, each marked `inlined`); empty when unknown.
     pub fn frames(&self, pc: u64) -> Vec<Frame> {
-        self.pclntab.as_ref().map_or_else(Vec::new, |p| p.frames(pc))
+        self.pclntab
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.frames(pc))
     }
 
     /// The name of the function holding link-time address `pc`.

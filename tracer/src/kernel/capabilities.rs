@@ -395,9 +395,11 @@ mod tests {
     }
 
     fn with_tracepoints(sys: FakeSystem) -> FakeSystem {
-        programs::TRACEPOINTS.iter().fold(sys, |sys, (_, cat, name)| {
-            sys.with(&format!("/sys/kernel/tracing/events/{cat}/{name}/id"), "1")
-        })
+        programs::TRACEPOINTS
+            .iter()
+            .fold(sys, |sys, (_, cat, name)| {
+                sys.with(&format!("/sys/kernel/tracing/events/{cat}/{name}/id"), "1")
+            })
     }
 
     const NEW_KERNEL: &str = "\
@@ -466,8 +468,8 @@ ffffffff81657f60 T swap_read_folio
 
     #[test]
     fn kprobe_functions_follow_renames() {
-        let sys = with_tracepoints(FakeSystem::default())
-            .with("/sys/kernel/tracing/kprobe_events", "");
+        let sys =
+            with_tracepoints(FakeSystem::default()).with("/sys/kernel/tracing/kprobe_events", "");
         let fns = detect_with(&sys.with("/proc/kallsyms", NEW_KERNEL)).kprobe_functions;
         assert!(fns.contains(&("fault_kp_swap_read", "swap_read_folio")));
         assert!(fns.contains(&("fault_kp_lock_ret", "__folio_lock_or_retry")));
@@ -488,7 +490,10 @@ ffffffff81657f60 T swap_read_folio
             .with("/sys/kernel/tracing/kprobe_events", "")
             .with("/proc/kallsyms", NEW_KERNEL);
         let with = detect_with(&with);
-        assert_eq!(with.choose(FaultSource::Auto).unwrap().backend, FaultBackend::Kprobe);
+        assert_eq!(
+            with.choose(FaultSource::Auto).unwrap().backend,
+            FaultBackend::Kprobe
+        );
         assert_eq!(
             with.choose(FaultSource::Tracepoint).unwrap().backend,
             FaultBackend::Tracepoint
@@ -503,7 +508,11 @@ ffffffff81657f60 T swap_read_folio
         assert!(c.reason.contains("CONFIG_KPROBES"));
         let e = without.choose(FaultSource::Kprobe).unwrap_err().to_string();
         assert!(e.contains("--fault-source tracepoint"), "{e}");
-        assert!(detect_with(&FakeSystem::default()).choose(FaultSource::Auto).is_err());
+        assert!(
+            detect_with(&FakeSystem::default())
+                .choose(FaultSource::Auto)
+                .is_err()
+        );
         // 6.1 LTS: no filemap tracepoint, so fault kinds are not told apart.
         let old = FakeSystem::default().with(
             "/sys/kernel/tracing/events/exceptions/page_fault_user/id",
@@ -516,7 +525,10 @@ ffffffff81657f60 T swap_read_folio
                 sys.with(&format!("/sys/kernel/tracing/events/{cat}/{name}/id"), "1")
             });
         let c = detect_with(&old).choose(FaultSource::Auto).unwrap();
-        assert!(!c.file_faults_seen && c.reason.contains("not told apart"), "{c:?}");
+        assert!(
+            !c.file_faults_seen && c.reason.contains("not told apart"),
+            "{c:?}"
+        );
     }
 
     #[test]

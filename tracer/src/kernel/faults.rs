@@ -10,7 +10,9 @@ use aya::{
     programs::{
         KProbe, PerfEvent, TracePoint,
         kprobe::KProbeLinkId,
-        perf_event::{PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent},
+        perf_event::{
+            PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
+        },
         trace_point::TracePointLinkId,
     },
     util::online_cpus,
@@ -125,7 +127,11 @@ impl FaultHooks {
         Ok(())
     }
 
-    fn attach_tracepoints(&mut self, object: &mut Object, with_filemap: bool) -> anyhow::Result<()> {
+    fn attach_tracepoints(
+        &mut self,
+        object: &mut Object,
+        with_filemap: bool,
+    ) -> anyhow::Result<()> {
         ensure_tracefs()?;
         load_tracepoint_programs(object)?;
         for &(name, category, event) in programs::TRACEPOINTS {
@@ -148,7 +154,9 @@ impl FaultHooks {
                     SamplePolicy::Period(1),
                     false,
                 )
-                .with_context(|| format!("attaching the PAGE_FAULTS_MAJ perf event on CPU {cpu}"))?;
+                .with_context(|| {
+                    format!("attaching the PAGE_FAULTS_MAJ perf event on CPU {cpu}")
+                })?;
             self.perf.push(link);
         }
         Ok(())
@@ -158,12 +166,18 @@ impl FaultHooks {
     /// when gostw exits).
     pub fn detach(mut self, object: &mut Object) {
         for (name, link) in self.kprobes.drain(..) {
-            if let Err(e) = object.program::<KProbe>(name).and_then(|p| Ok(p.detach(link)?)) {
+            if let Err(e) = object
+                .program::<KProbe>(name)
+                .and_then(|p| Ok(p.detach(link)?))
+            {
                 log::warn!("detaching {name}: {e:#}");
             }
         }
         for (name, link) in self.tracepoints.drain(..) {
-            if let Err(e) = object.program::<TracePoint>(name).and_then(|p| Ok(p.detach(link)?)) {
+            if let Err(e) = object
+                .program::<TracePoint>(name)
+                .and_then(|p| Ok(p.detach(link)?))
+            {
                 log::warn!("detaching {name}: {e:#}");
             }
         }

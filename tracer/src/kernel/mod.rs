@@ -21,7 +21,10 @@ use std::{
     sync::Arc,
 };
 
-use aya::programs::{UProbe, uprobe::{UProbeLinkId, UProbeScope}};
+use aya::programs::{
+    UProbe,
+    uprobe::{UProbeLinkId, UProbeScope},
+};
 use tracer_common::{
     counters::Counter,
     process::{Probe, TracedProcess},
@@ -36,8 +39,8 @@ use self::{
     stacks::{StackGrowthOptions, StackGrowthProbes},
 };
 use crate::{
-    engine::observed::Observed,
     binary::{BinaryError, GoBinary, START_THE_WORLD, STOP_THE_WORLD},
+    engine::observed::Observed,
     image::{ExeId, ExecutableImage},
     stackgrowth::Mode,
     target::{
@@ -177,7 +180,10 @@ impl Core {
         self.opts.stacks.map(|s| s.mode)
     }
 
-    fn attach_pause_probes(&mut self, binary: &GoBinary) -> anyhow::Result<Vec<(&'static str, UProbeLinkId)>> {
+    fn attach_pause_probes(
+        &mut self,
+        binary: &GoBinary,
+    ) -> anyhow::Result<Vec<(&'static str, UProbeLinkId)>> {
         let mut links = Vec::new();
         let result = (|| {
             let stop = binary.function(STOP_THE_WORLD)?;
@@ -210,7 +216,11 @@ impl Core {
 
     fn detach_links(&mut self, links: Vec<(&'static str, UProbeLinkId)>) {
         for (name, id) in links {
-            if let Err(e) = self.object.program::<UProbe>(name).and_then(|p| Ok(p.detach(id)?)) {
+            if let Err(e) = self
+                .object
+                .program::<UProbe>(name)
+                .and_then(|p| Ok(p.detach(id)?))
+            {
                 log::warn!("detaching {name}: {e:#}");
             }
         }
@@ -226,7 +236,11 @@ impl Core {
                 .and_then(|choice| FaultHooks::attach(&mut self.object, &self.caps, choice))
             {
                 Ok(h) => {
-                    log::info!("fault backend {}: {}", h.choice.backend.name(), h.choice.reason);
+                    log::info!(
+                        "fault backend {}: {}",
+                        h.choice.backend.name(),
+                        h.choice.reason
+                    );
                     FaultState::Attached(h)
                 }
                 Err(e) => {
@@ -262,6 +276,20 @@ impl Core {
         {
             log::warn!("detaching the stack-growth sampler: {e:#}");
         }
+    }
+}
+
+/// What the kernel programs need to know of each process running `binary`.
+pub fn traced_process(binary: &GoBinary, offsets: &crate::binary::StructOffsets) -> TracedProcess {
+    let code = binary.version.code();
+    TracedProcess {
+        go_version: code,
+        flags: if code < 121 {
+            TracedProcess::FLAG_REASON_FROM_PREEMPTOFF
+        } else {
+            0
+        },
+        offsets: offsets.to_kernel(),
     }
 }
 
@@ -328,7 +356,6 @@ impl Kernel for Core {
                 Err(e) => log::warn!("stack growth is not measured: {e:#}"),
             }
         }
-        let code = binary.version.code();
         let build_id = binary
             .build_id()
             .map(labels::short_build_id)
@@ -340,15 +367,7 @@ impl Kernel for Core {
                 exe: image.id,
                 links,
             },
-            traced: TracedProcess {
-                go_version: code,
-                flags: if code < 121 {
-                    TracedProcess::FLAG_REASON_FROM_PREEMPTOFF
-                } else {
-                    0
-                },
-                offsets: offsets.to_kernel(),
-            },
+            traced: traced_process(binary, &offsets),
             image: Some(image),
         })
     }

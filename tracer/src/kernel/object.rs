@@ -94,7 +94,8 @@ impl Object {
 
     /// Add process `tgid` to the traced set.
     pub fn trace(&mut self, tgid: u32, process: TracedProcess) -> anyhow::Result<()> {
-        let mut traced: HashMap<_, u32, TracedProcess> = HashMap::try_from(self.map_mut(map_names::TRACED)?)?;
+        let mut traced: HashMap<_, u32, TracedProcess> =
+            HashMap::try_from(self.map_mut(map_names::TRACED)?)?;
         traced
             .insert(tgid, process, 0)
             .with_context(|| format!("adding pid {tgid} to the traced set"))
@@ -103,7 +104,8 @@ impl Object {
     /// Remove process `tgid` and every per-process entry the kernel keeps.
     pub fn forget(&mut self, tgid: u32) -> anyhow::Result<()> {
         // Absent entries are fine: a probe that never fired left none.
-        let mut traced: HashMap<_, u32, TracedProcess> = HashMap::try_from(self.map_mut(map_names::TRACED)?)?;
+        let mut traced: HashMap<_, u32, TracedProcess> =
+            HashMap::try_from(self.map_mut(map_names::TRACED)?)?;
         let _ = traced.remove(&tgid);
         let mut windows: HashMap<_, u32, PauseWindow> =
             HashMap::try_from(self.map_mut(map_names::PAUSE_WINDOWS)?)?;
@@ -121,7 +123,8 @@ impl Object {
 
     /// How many times `probe` fired in process `tgid`.
     pub fn probe_hits(&self, tgid: u32, probe: Probe) -> anyhow::Result<u64> {
-        let hits: PerCpuHashMap<_, ProbeHitKey, u64> = PerCpuHashMap::try_from(self.map(map_names::PROBE_HITS)?)?;
+        let hits: PerCpuHashMap<_, ProbeHitKey, u64> =
+            PerCpuHashMap::try_from(self.map(map_names::PROBE_HITS)?)?;
         let key = ProbeHitKey {
             tgid,
             probe: probe as u32,

@@ -102,7 +102,11 @@ impl Target {
 
     /// Start `program` with `args`, held stopped until `resume`.
     pub fn child(program: PathBuf, args: &[OsString]) -> anyhow::Result<Target> {
-        let stopped = StoppedChild::spawn(program.as_os_str(), &args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>(), |_| {})?;
+        let stopped = StoppedChild::spawn(
+            program.as_os_str(),
+            &args.iter().map(|a| a.as_os_str()).collect::<Vec<_>>(),
+            |_| {},
+        )?;
         let pid = stopped.pid();
         let watch = match ExitWatch::new(pid) {
             Ok(w) => w,
@@ -171,7 +175,8 @@ impl Target {
                 let mut c = Changes::default();
                 if !t.announced {
                     t.announced = true;
-                    c.started.push((t.process.new_process(), t.process.exe_link()));
+                    c.started
+                        .push((t.process.new_process(), t.process.exe_link()));
                 } else if !t.gone && t.process.watch.has_exited() {
                     t.gone = true;
                     c.exited.push(t.process.pid);

@@ -4,18 +4,15 @@
 
 use std::{
     io,
-    sync::Arc,
     os::fd::{FromRawFd as _, OwnedFd},
     path::PathBuf,
+    sync::Arc,
 };
 
 use tokio::io::unix::AsyncFd;
 
 use super::discovery::NewProcess;
-use crate::{
-    binary::BinaryError,
-    image::ExecutableImage,
-};
+use crate::{binary::BinaryError, image::ExecutableImage};
 
 /// Why a pid cannot be traced; each message says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -176,7 +173,9 @@ impl LiveProcess {
 
     /// The process as discovery would describe it.
     pub fn new_process(&self) -> NewProcess {
-        let read = |f: &str| std::fs::read_to_string(format!("/proc/{}/{f}", self.pid)).unwrap_or_default();
+        let read = |f: &str| {
+            std::fs::read_to_string(format!("/proc/{}/{f}", self.pid)).unwrap_or_default()
+        };
         NewProcess {
             pid: self.pid,
             exe: self.image.id,

@@ -12,10 +12,9 @@ use std::{
 };
 
 use serde_json::Value;
-use tracer::agent::{
-    kernel::EbpfKernel,
-    metrics::FailureReason,
-    tracker::{AttachError, Kernel as _},
+use tracer::{
+    kernel::{Core, CoreOptions},
+    target::tracker::{AttachError, FailureReason, Kernel as _},
 };
 
 use crate::{
@@ -604,7 +603,7 @@ fn a_process_gone_before_attach_is_not_held_against_its_executable() {
     let mut child = Command::new("true").spawn().unwrap();
     let pid = child.id();
     child.wait().unwrap();
-    let mut kernel = EbpfKernel::new(tracer::ebpf::Programs::load().unwrap());
+    let mut kernel = Core::load(CoreOptions::default()).unwrap();
     match kernel.attach(pid, Path::new(&format!("/proc/{pid}/exe"))) {
         Err(AttachError::Failed {
             reason: FailureReason::ProcessGone,

@@ -20,11 +20,11 @@ use prometheus_client::{
 pub mod observe;
 mod sink;
 
-pub use self::sink::MetricsSink;
 use self::observe::{
     Backing, FaultObservation, PauseObservation, StackGrowthObservation, WaitedOn, backing_label,
     waited_label,
 };
+pub use self::sink::MetricsSink;
 use crate::{
     engine::observed::CpuSamples,
     target::{labels::ProcessLabels, tracker::FailureReason},
@@ -476,7 +476,8 @@ impl Metrics {
 }
 
 /// Stages where an event can be lost, for `gostw_agent_events_lost_total`.
-pub const EVENT_LOSS_STAGES: [&str; 4] = ["ringbuf_full", "undecodable", "unhandled", "unattributed"];
+pub const EVENT_LOSS_STAGES: [&str; 4] =
+    ["ringbuf_full", "undecodable", "unhandled", "unattributed"];
 
 #[cfg(test)]
 mod tests {

@@ -76,4 +76,3 @@ pub struct StackGrowthObservation {
     /// Live bytes of the stack being copied (what `copystack` moves).
     pub live_bytes: u64,
 }
-

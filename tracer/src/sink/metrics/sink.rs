@@ -196,7 +196,8 @@ impl Sink for MetricsSink {
                         .map_or(0.0, |d| d.as_secs_f64()),
                 );
                 let seen = m.exec_notifications.get();
-                m.exec_notifications.inc_by(exec_notifications.saturating_sub(seen));
+                m.exec_notifications
+                    .inc_by(exec_notifications.saturating_sub(seen));
             }
             Observed::ExitStatus { .. }
             | Observed::StackSites { .. }

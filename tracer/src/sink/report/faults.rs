@@ -232,7 +232,12 @@ impl FaultReport {
             totals.sites_out.add(f);
         }
         if f.begin_ns != 0 {
-            if in_pause { &mut self.ns_in } else { &mut self.ns_out }.record(f.duration_ns());
+            if in_pause {
+                &mut self.ns_in
+            } else {
+                &mut self.ns_out
+            }
+            .record(f.duration_ns());
         }
     }
 
@@ -285,10 +290,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::{
-        engine::fault::FaultKind,
-        image::Frame,
-    };
+    use crate::{engine::fault::FaultKind, image::Frame};
 
     fn fault(tgid: u32, tid: u32, begin: u64, end: u64, site: &str) -> Fault {
         Fault {
@@ -343,15 +345,27 @@ mod tests {
             vec![fault(1, 11, 5_000, 5_100, "runtime.markrootSpans")],
         ));
         r.fault(&fault(1, 10, 900, 1_100, "main.work"), Membership::Outside);
-        r.fault(&fault(1, 11, 6_000, 6_100, "main.work"), Membership::Outside);
-        r.fault(&fault(2, 20, 1_600, 1_700, "main.work"), Membership::Outside);
+        r.fault(
+            &fault(1, 11, 6_000, 6_100, "main.work"),
+            Membership::Outside,
+        );
+        r.fault(
+            &fault(2, 20, 1_600, 1_700, "main.work"),
+            Membership::Outside,
+        );
         let s = r.summary();
         assert_eq!(s.backend, "test");
         assert_eq!(s.pauses.len(), 2);
         assert_eq!((s.pauses[0].all.faults, s.pauses[0].stopper.faults), (1, 1));
         assert_eq!(s.pauses[0].all.fault_ns, 1_000);
-        assert_eq!(s.pauses[0].top_sites[0].function, "runtime.(*spanSet).reset");
-        assert_eq!((s.pauses[1].other_threads.faults, s.pauses[1].stopper.faults), (1, 0));
+        assert_eq!(
+            s.pauses[0].top_sites[0].function,
+            "runtime.(*spanSet).reset"
+        );
+        assert_eq!(
+            (s.pauses[1].other_threads.faults, s.pauses[1].stopper.faults),
+            (1, 0)
+        );
         let p1 = &s.processes[0];
         assert_eq!((p1.tgid, p1.all.faults, p1.in_pauses.faults), (1, 4, 2));
         assert_eq!(p1.outside_pauses.faults, 2);
@@ -359,7 +373,10 @@ mod tests {
         assert_eq!(p1.top_sites_outside_pauses[0].function, "main.work");
         assert_eq!(p1.top_sites_outside_pauses[0].faults, 2);
         assert_eq!((s.faults_per_pause.count, s.faults_per_pause.max), (2, 1));
-        assert_eq!((s.fault_ns_in_pauses.count, s.fault_ns_outside_pauses.count), (2, 3));
+        assert_eq!(
+            (s.fault_ns_in_pauses.count, s.fault_ns_outside_pauses.count),
+            (2, 3)
+        );
         assert_eq!(s.fault_ns_in_pauses.max, 1_000);
         let p2 = &s.processes[1];
         assert_eq!((p2.tgid, p2.in_pauses.faults, p2.pauses), (2, 0, 0));
@@ -375,7 +392,10 @@ mod tests {
     fn a_late_fault_counts_in_pauses_but_not_in_a_pause_record() {
         let mut r = FaultReport::default();
         r.pause(&pause(1, 10, 1_000, 2_000, Vec::new()));
-        r.fault(&fault(1, 11, 1_200, 90_000_000, "x"), Membership::LateInPause);
+        r.fault(
+            &fault(1, 11, 1_200, 90_000_000, "x"),
+            Membership::LateInPause,
+        );
         let s = r.summary();
         assert_eq!(s.processes[0].in_pauses.faults, 1);
         assert_eq!(s.pauses[0].all.faults, 0);

@@ -158,6 +158,9 @@ mod tests {
         assert!(text.contains("stopping thread 1: 1"), "{text}");
         // A process without faults is one line, not a row of zeros.
         assert!(text.contains("pid 2: no major faults (0 pauses)"), "{text}");
-        assert!(text.ends_with("pid 2: no major faults (0 pauses)\n"), "{text}");
+        assert!(
+            text.ends_with("pid 2: no major faults (0 pauses)\n"),
+            "{text}"
+        );
     }
 }

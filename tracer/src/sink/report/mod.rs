@@ -327,7 +327,11 @@ impl ReportSink {
                 }
             }
             View::Faults => {
-                let s = self.faults.as_ref().map(FaultReport::summary).unwrap_or_default();
+                let s = self
+                    .faults
+                    .as_ref()
+                    .map(FaultReport::summary)
+                    .unwrap_or_default();
                 if self.output.json {
                     writeln!(self.output.out, "{}", serde_json::to_string_pretty(&s)?)?;
                 } else {
@@ -394,6 +398,10 @@ impl Sink for ReportSink {
             Observed::StackGrowth(ev) => {
                 if let Some(w) = self.stack_watch(ev.header.tgid) {
                     w.agg.add_event(ev);
+                    // The process lives: its load bias can be read now.
+                    if let Some(image) = &w.image {
+                        let _ = image.bias();
+                    }
                 }
             }
             Observed::Counts {

@@ -110,13 +110,10 @@ impl PauseStats {
     }
 }
 
-
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::engine::correlate::tests_support::record;
-
 
     #[test]
     fn processes_stay_separate_and_worst_are_kept_in_order() {
@@ -135,5 +132,4 @@ mod tests {
         assert_eq!(p2.count(), 2);
         assert_eq!(p2.by_reason[&StwReason(2)].max_ns, 500);
     }
-
 }

@@ -138,4 +138,3 @@ pub fn summary_text(s: &Summary) -> String {
     );
     t
 }
-
