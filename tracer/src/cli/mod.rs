@@ -123,12 +123,7 @@ pub struct Trace {
 pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
     let mut engine = Engine::new(t.core, Limits::default())?;
     let deadline = t.duration.map(|d| tokio::time::Instant::now() + d);
-    if let Some(pid) = t.target.single()
-        && t.target.child_mut().is_none()
-        && matches!(t.target, Target::Pid(_))
-    {
-        eprintln!("gostw: tracing pid {pid}; Ctrl-C to stop");
-    }
+    t.sink.announce = matches!(t.target, Target::Pid(_));
     loop {
         let stop = engine.run(&mut t.target, &mut t.sink, deadline).await;
         if let Some(e) = t.sink.take_write_error() {

@@ -27,6 +27,7 @@ pub struct MetricsSink {
     labels: HashMap<u32, ProcessLabels>,
     kernel_last: HashMap<Counter, u64>,
     losses_last: Losses,
+    overflow_last: u64,
 }
 
 impl std::ops::Deref for MetricsSink {
@@ -61,6 +62,7 @@ impl MetricsSink {
             labels: HashMap::new(),
             kernel_last: HashMap::new(),
             losses_last: Losses::default(),
+            overflow_last: 0,
         }
     }
 
@@ -173,8 +175,15 @@ impl Sink for MetricsSink {
                     }
                 }
             }
-            Observed::Losses { user, .. } => {
+            Observed::Losses { user, correlator } => {
                 let last = self.losses_last;
+                m.events_lost(
+                    "fault_queue_full",
+                    correlator
+                        .pending_overflow
+                        .saturating_sub(self.overflow_last),
+                );
+                self.overflow_last = correlator.pending_overflow;
                 m.events_lost(
                     "undecodable",
                     (user.malformed + user.unknown_kind)

@@ -186,6 +186,8 @@ pub struct ReportSink {
     sample_hz: u64,
     /// A goroutine count given on the command line, for the memory estimate.
     pub goroutines: Option<u64>,
+    /// Say on standard error when a process is traced (`attach`).
+    pub announce: bool,
     processes: Vec<(Arc<ProcessInfo>, Option<i32>)>,
     counters: Vec<(Counter, u64)>,
     losses: Losses,
@@ -205,6 +207,7 @@ impl ReportSink {
             stacks: HashMap::new(),
             sample_hz: 0,
             goroutines: None,
+            announce: false,
             processes: Vec::new(),
             counters: Vec::new(),
             losses: Losses::default(),
@@ -363,6 +366,14 @@ impl Sink for ReportSink {
     fn observe(&mut self, o: &Observed) {
         match o {
             Observed::Started(info) => {
+                if self.announce {
+                    eprintln!(
+                        "gostw: tracing pid {} ({}, {}); Ctrl-C to stop",
+                        info.pid,
+                        info.exe.display(),
+                        info.go_version
+                    );
+                }
                 self.processes.push((info.clone(), None));
                 if let Some(f) = &mut self.faults {
                     f.process(info.pid);
@@ -436,6 +447,11 @@ impl Sink for ReportSink {
                 }
             }
             Observed::FaultBackend(choice) => {
+                eprintln!(
+                    "gostw: fault backend {}: {}",
+                    choice.backend.name(),
+                    choice.reason
+                );
                 if let Some(f) = &mut self.faults {
                     f.set_backend(choice.backend.name());
                 }
