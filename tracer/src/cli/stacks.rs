@@ -82,8 +82,9 @@ pub async fn run(args: StacksArgs) -> anyhow::Result<i32> {
         }),
     };
     let target = target_of(args.pid, &args.command)?;
-    // A started program keeps the terminal's standard output.
-    let out: Box<dyn std::io::Write> = if args.pid.is_none() {
+    // A started program keeps the terminal's standard output for its own
+    // text (JSON stays on standard output, one line, for machines).
+    let out: Box<dyn std::io::Write> = if args.pid.is_none() && !args.json {
         Box::new(std::io::stderr())
     } else {
         writer(None)?

@@ -455,7 +455,17 @@ fn agent_exports_major_faults_in_pauses() {
             .map(|(_, b)| b)
             .unwrap_or_default()
     };
-    // The backend is attached once, after the server is up.
+    let mut workload = GcSwap::start(&bin, ARGS, ENV, |pid| cgroup.add(pid));
+    let pid = workload.pid;
+    wait_until("gcswap to be traced", Duration::from_secs(30), || {
+        (sum_series(
+            &format!("{}\n", metrics()),
+            "gostw_traced_processes",
+            &[r#"executable="gcswap""#],
+        ) == 1.0)
+            .then_some(())
+    });
+    // The backend is attached with the first traced process, once.
     let backend = wait_until("the fault backend", Duration::from_secs(30), || {
         let body = metrics();
         ["kprobe", "tracepoint", "none"]
@@ -474,16 +484,6 @@ fn agent_exports_major_faults_in_pauses() {
             .contains(&format!("major faults: {backend} backend"))
     );
 
-    let mut workload = GcSwap::start(&bin, ARGS, ENV, |pid| cgroup.add(pid));
-    let pid = workload.pid;
-    wait_until("gcswap to be traced", Duration::from_secs(30), || {
-        (sum_series(
-            &format!("{}\n", metrics()),
-            "gostw_traced_processes",
-            &[r#"executable="gcswap""#],
-        ) == 1.0)
-            .then_some(())
-    });
     // Idle until the first GC: faults from now on are the agent's to see.
     let majflt_traced = majflt(pid);
     for _ in 0..ROUNDS {
