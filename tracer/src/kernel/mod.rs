@@ -180,9 +180,12 @@ impl Core {
         self.opts.stacks.map(|s| s.mode)
     }
 
+    /// Attach the pause probes of `binary` to the file at `path` (the
+    /// analysis is shared per file, the path is this process's way to it).
     fn attach_pause_probes(
         &mut self,
         binary: &GoBinary,
+        path: &Path,
     ) -> anyhow::Result<Vec<(&'static str, UProbeLinkId)>> {
         let mut links = Vec::new();
         let result = (|| {
@@ -194,11 +197,11 @@ impl Core {
                 let id = self
                     .object
                     .program::<UProbe>(name)?
-                    .attach(offset, &binary.path, UProbeScope::AllProcesses)
+                    .attach(offset, path, UProbeScope::AllProcesses)
                     .map_err(|e| {
                         anyhow::anyhow!(
                             "attaching {name} to {} at file offset {offset:#x}: {e}",
-                            binary.path.display()
+                            path.display()
                         )
                     })?;
                 links.push((name, id));
@@ -237,7 +240,7 @@ impl Core {
             {
                 Ok(h) => {
                     log::info!(
-                        "fault backend {}: {}",
+                        "major faults: {} backend ({})",
                         h.choice.backend.name(),
                         h.choice.reason
                     );
@@ -340,7 +343,7 @@ impl Kernel for Core {
                 .function(f)
                 .map_err(|e| failed(FailureReason::Analysis, e))?;
         }
-        let links = self.attach_pause_probes(binary).map_err(|e| {
+        let links = self.attach_pause_probes(binary, path).map_err(|e| {
             let reason = if gone(pid) {
                 FailureReason::ProcessGone
             } else {
@@ -349,7 +352,7 @@ impl Kernel for Core {
             failed(reason, format!("{e:#}"))
         })?;
         if let Some(o) = self.opts.stacks.filter(|o| o.mode == Mode::Exact) {
-            match StackGrowthProbes::attach(&mut self.object, binary, o) {
+            match StackGrowthProbes::attach(&mut self.object, binary, path, o) {
                 Ok(p) => {
                     self.exact.insert(image.id, p);
                 }

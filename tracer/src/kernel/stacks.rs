@@ -100,18 +100,19 @@ pub struct StackGrowthProbes {
 }
 
 impl StackGrowthProbes {
-    /// Load and attach the programs of `opts.mode` for `binary`. Tracing a
-    /// process still needs `Object::trace` (or `Session::trace_process`).
+    /// Load and attach the programs of `opts.mode` for `binary`, whose file
+    /// is reached at `path`. Tracing a process still needs `Object::trace`.
     pub fn attach(
         programs: &mut Object,
         binary: &GoBinary,
+        path: &std::path::Path,
         opts: StackGrowthOptions,
     ) -> anyhow::Result<StackGrowthProbes> {
         let copystack_offset = match opts.mode {
             Mode::Exact => binary.function(COPYSTACK)?.file_offset,
             Mode::Sampled => 0,
         };
-        Self::start(programs, binary.path.clone(), copystack_offset, opts)
+        Self::start(programs, path.to_owned(), copystack_offset, opts)
     }
 
     /// The sampled mode alone, for every traced process of the machine (its
