@@ -158,25 +158,44 @@ pub struct FaultSite {
     pub stack: Vec<String>,
 }
 
-/// Sites by fault count (then time), at most `max`.
-pub fn top_sites<'a>(faults: impl IntoIterator<Item = &'a Fault>, max: usize) -> Vec<FaultSite> {
-    let mut sites: std::collections::HashMap<&str, FaultSite> = std::collections::HashMap::new();
-    for f in faults {
-        let s = sites.entry(f.site()).or_insert_with(|| FaultSite {
-            function: f.site().to_owned(),
-            faults: 0,
-            fault_ns: 0,
-            stack: f.stack.iter().map(frame_label).collect(),
-        });
+/// Fault sites counted as faults arrive.
+#[derive(Clone, Debug, Default)]
+pub struct SiteCounts(std::collections::HashMap<String, FaultSite>);
+
+impl SiteCounts {
+    /// Count one more fault at its site (the first fault's stack is kept).
+    pub fn add(&mut self, f: &Fault) {
+        let s = self
+            .0
+            .entry(f.site().to_owned())
+            .or_insert_with(|| FaultSite {
+                function: f.site().to_owned(),
+                faults: 0,
+                fault_ns: 0,
+                stack: f.stack.iter().map(frame_label).collect(),
+            });
         s.faults += 1;
         s.fault_ns += f.duration_ns();
     }
-    let mut sites: Vec<_> = sites.into_values().collect();
-    sites.sort_by(|a, b| {
-        (b.faults, b.fault_ns, &a.function).cmp(&(a.faults, a.fault_ns, &b.function))
-    });
-    sites.truncate(max);
-    sites
+
+    /// Sites by fault count (then time), at most `max`.
+    pub fn top(&self, max: usize) -> Vec<FaultSite> {
+        let mut sites: Vec<_> = self.0.values().cloned().collect();
+        sites.sort_by(|a, b| {
+            (b.faults, b.fault_ns, &a.function).cmp(&(a.faults, a.fault_ns, &b.function))
+        });
+        sites.truncate(max);
+        sites
+    }
+}
+
+/// Sites of `faults` by fault count (then time), at most `max`.
+pub fn top_sites<'a>(faults: impl IntoIterator<Item = &'a Fault>, max: usize) -> Vec<FaultSite> {
+    let mut sites = SiteCounts::default();
+    for f in faults {
+        sites.add(f);
+    }
+    sites.top(max)
 }
 
 /// The faults of one pause as its record carries them: counts, times, the

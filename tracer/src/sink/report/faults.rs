@@ -2,13 +2,13 @@
 //! top sites, distributions, and every pause with its faults. Built as the
 //! stream goes (the correlator already decided each fault's pause).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::engine::{
-    fault::{Fault, FaultSite, FaultTotals, frame_label},
+    fault::{Fault, FaultSite, FaultTotals, SiteCounts},
     observed::{Membership, ObservedPause},
 };
 
@@ -114,43 +114,14 @@ pub struct FaultSummary {
     pub pauses_not_listed: u64,
 }
 
-/// Sites counted as faults arrive.
-#[derive(Default)]
-struct Sites(HashMap<String, FaultSite>);
-
-impl Sites {
-    fn add(&mut self, f: &Fault) {
-        let s = self
-            .0
-            .entry(f.site().to_owned())
-            .or_insert_with(|| FaultSite {
-                function: f.site().to_owned(),
-                faults: 0,
-                fault_ns: 0,
-                stack: f.stack.iter().map(frame_label).collect(),
-            });
-        s.faults += 1;
-        s.fault_ns += f.duration_ns();
-    }
-
-    fn top(&self) -> Vec<FaultSite> {
-        let mut sites: Vec<_> = self.0.values().cloned().collect();
-        sites.sort_by(|a, b| {
-            (b.faults, b.fault_ns, &a.function).cmp(&(a.faults, a.fault_ns, &b.function))
-        });
-        sites.truncate(TOP_SITES);
-        sites
-    }
-}
-
 #[derive(Default)]
 struct ProcessTotals {
     in_pauses: FaultTotals,
     outside: FaultTotals,
     pauses: u64,
     pauses_with_faults: u64,
-    sites_in: Sites,
-    sites_out: Sites,
+    sites_in: SiteCounts,
+    sites_out: SiteCounts,
 }
 
 /// Builds the `FaultSummary` from the stream.
@@ -194,7 +165,7 @@ impl FaultReport {
             top_sites: Vec::new(),
         };
         let totals = self.processes.entry(r.pid).or_default();
-        let mut sites = Sites::default();
+        let mut sites = SiteCounts::default();
         for f in &p.faults {
             entry.all.add(f);
             if f.tid == r.tid {
@@ -209,7 +180,7 @@ impl FaultReport {
                 self.ns_in.record(f.duration_ns());
             }
         }
-        entry.top_sites = sites.top();
+        entry.top_sites = sites.top(TOP_SITES);
         totals.pauses += 1;
         totals.pauses_with_faults += u64::from(!p.faults.is_empty());
         self.per_pause.record(p.faults.len() as u64);
@@ -260,8 +231,8 @@ impl FaultReport {
                         outside_pauses: t.outside,
                         pauses: t.pauses,
                         pauses_with_faults: t.pauses_with_faults,
-                        top_sites_in_pauses: t.sites_in.top(),
-                        top_sites_outside_pauses: t.sites_out.top(),
+                        top_sites_in_pauses: t.sites_in.top(TOP_SITES),
+                        top_sites_outside_pauses: t.sites_out.top(TOP_SITES),
                     }
                 })
                 .collect(),

@@ -175,6 +175,17 @@ struct StackWatch {
     peak_goroutines: Option<u64>,
 }
 
+impl StackWatch {
+    fn new(mode: Mode) -> StackWatch {
+        StackWatch {
+            agg: StackGrowthAggregator::new(mode),
+            image: None,
+            samples: (0, 0),
+            peak_goroutines: None,
+        }
+    }
+}
+
 /// The terminal/JSON sink.
 pub struct ReportSink {
     view: View,
@@ -183,7 +194,6 @@ pub struct ReportSink {
     faults: Option<FaultReport>,
     stack_mode: Option<Mode>,
     stacks: HashMap<u32, StackWatch>,
-    sample_hz: u64,
     /// A goroutine count given on the command line, for the memory estimate.
     pub goroutines: Option<u64>,
     /// Say on standard error when a process is traced (`attach`).
@@ -205,7 +215,6 @@ impl ReportSink {
             faults: faults.then(FaultReport::default),
             stack_mode: stacks,
             stacks: HashMap::new(),
-            sample_hz: 0,
             goroutines: None,
             announce: false,
             processes: Vec::new(),
@@ -228,12 +237,11 @@ impl ReportSink {
 
     fn stack_watch(&mut self, pid: u32) -> Option<&mut StackWatch> {
         let mode = self.stack_mode?;
-        Some(self.stacks.entry(pid).or_insert_with(|| StackWatch {
-            agg: StackGrowthAggregator::new(mode),
-            image: None,
-            samples: (0, 0),
-            peak_goroutines: None,
-        }))
+        Some(
+            self.stacks
+                .entry(pid)
+                .or_insert_with(|| StackWatch::new(mode)),
+        )
     }
 
     /// The summary of everything observed, over `elapsed_ns`.
@@ -299,12 +307,7 @@ impl ReportSink {
         let w = match self.stacks.get(&info.pid) {
             Some(w) => w,
             None => {
-                fresh = StackWatch {
-                    agg: StackGrowthAggregator::new(mode),
-                    image: None,
-                    samples: (0, 0),
-                    peak_goroutines: None,
-                };
+                fresh = StackWatch::new(mode);
                 &fresh
             }
         };
@@ -421,7 +424,6 @@ impl Sink for ReportSink {
                 sample_hz,
                 ..
             } => {
-                self.sample_hz = *sample_hz;
                 if let Some(w) = self.stack_watch(*pid) {
                     w.samples.0 += samples.all;
                     w.samples.1 += samples.stack_growth;
