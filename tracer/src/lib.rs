@@ -13,5 +13,5 @@ pub mod inspect;
 pub mod kernel;
 pub mod sink;
 pub mod stackgrowth;
-pub mod target;
+pub mod targets;
 pub mod units;

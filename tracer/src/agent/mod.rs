@@ -23,7 +23,7 @@ use crate::{
     kernel::{CoreOptions, capabilities::FaultSource, stacks::StackGrowthOptions},
     sink::metrics::{Metrics, MetricsSink},
     stackgrowth::Mode,
-    target::{Target, discovery::Filter, tracker::Limits},
+    targets::{Target, discovery::Filter, tracker::Limits},
 };
 
 /// `gostw agent` options.
@@ -159,7 +159,7 @@ mod tests {
             pause::WallClock,
             stream::{Stream, StreamOptions, tests::pause_event},
         },
-        target::{
+        targets::{
             Changes,
             discovery::{Discovery, ProcSource as _, tests::FakeProc},
             tracker::{Tracker, tests::FakeKernel},

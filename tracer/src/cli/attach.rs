@@ -1,7 +1,7 @@
 //! `gostw attach --pid PID`: trace a running Go process until Ctrl-C,
 //! `--duration`, or its exit.
 
-use tracer::{sink::report::View, target::Target};
+use tracer::{sink::report::View, targets::Target};
 
 use super::{Trace, TraceOptions, report, trace};
 

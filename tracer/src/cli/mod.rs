@@ -14,7 +14,7 @@ use tracer::{
     kernel::{CoreOptions, capabilities::FaultSource, stacks::StackGrowthOptions},
     sink::report::{Output, ReportSink, View},
     stackgrowth::Mode,
-    target::{Target, tracker::Limits},
+    targets::{Target, tracker::Limits},
     units::parse_duration,
 };
 
@@ -169,7 +169,7 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
         return Ok(code);
     }
     match t.target.child_mut() {
-        Some(child) if t.wait_for_child => Ok(tracer::target::exit_code(child.wait()?)),
+        Some(child) if t.wait_for_child => Ok(tracer::targets::exit_code(child.wait()?)),
         _ => Ok(0),
     }
 }

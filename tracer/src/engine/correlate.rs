@@ -20,6 +20,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
+pub use super::observed::CorrelatorStats;
 use super::{
     fault::{Fault, PauseFaultStats},
     observed::{Membership, Observed, ObservedPause},
@@ -77,15 +78,6 @@ impl ProcessState {
             .or(self.last_released)
             .map(|w| w.start_ns)
     }
-}
-
-/// What the correlator decided in a way worth reporting.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct CorrelatorStats {
-    /// Faults that began in a pause whose record was already released.
-    pub late_faults: u64,
-    /// Faults decided as outside because the pending queue was full.
-    pub pending_overflow: u64,
 }
 
 /// The streaming correlator.

@@ -34,7 +34,7 @@ use crate::{
     kernel::{Core, CoreOptions},
     sink::Sink,
     stackgrowth::goroutines,
-    target::{
+    targets::{
         Changes, Target,
         tracker::{Kernel, Limits, NotTraced, Tracker},
     },
@@ -232,7 +232,7 @@ impl Engine {
         path: &std::path::Path,
         sink: &mut dyn Sink,
     ) -> anyhow::Result<()> {
-        let p = crate::target::discovery::NewProcess {
+        let p = crate::targets::discovery::NewProcess {
             pid,
             exe: crate::image::ExeId::of(path)?,
             exe_path: path.to_owned(),

@@ -10,11 +10,9 @@ use tracer_common::{
     stack::{StackGrowthEvent, StackSiteCounts, StackSiteKey},
 };
 
-use super::{correlate::CorrelatorStats, event::Losses, fault::Fault, pause::PauseRecord};
+use super::{event::Losses, fault::Fault, pause::PauseRecord};
 use crate::{
-    image::ExecutableImage,
-    kernel::capabilities::BackendChoice,
-    target::{labels::ProcessLabels, tracker::FailureReason},
+    image::ExecutableImage, kernel::capabilities::BackendChoice, targets::labels::ProcessLabels,
 };
 
 /// A traced process, as every sink names it.
@@ -56,6 +54,55 @@ pub struct CpuSamples {
     pub all: u64,
     /// Those that caught it copying a goroutine stack.
     pub stack_growth: u64,
+}
+
+/// Why an executable or a process could not be traced (a bounded label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailureReason {
+    /// The binary could not be analysed (not readable, malformed, no probe point).
+    Analysis,
+    /// A Go version whose runtime layout gostw does not know.
+    UnsupportedGo,
+    /// The kernel refused a probe.
+    Attach,
+    /// The process could not be added to the traced set.
+    Trace,
+    /// The process exited before it could be traced.
+    ProcessGone,
+    /// `--max-executables` reached.
+    Limit,
+}
+
+impl FailureReason {
+    pub const ALL: [FailureReason; 6] = [
+        FailureReason::Analysis,
+        FailureReason::UnsupportedGo,
+        FailureReason::Attach,
+        FailureReason::Trace,
+        FailureReason::ProcessGone,
+        FailureReason::Limit,
+    ];
+
+    /// The metric label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            FailureReason::Analysis => "analysis",
+            FailureReason::UnsupportedGo => "unsupported_go",
+            FailureReason::Attach => "attach",
+            FailureReason::Trace => "trace",
+            FailureReason::ProcessGone => "process_gone",
+            FailureReason::Limit => "limit",
+        }
+    }
+}
+
+/// What the correlator decided in a way worth reporting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CorrelatorStats {
+    /// Faults that began in a pause whose record was already released.
+    pub late_faults: u64,
+    /// Faults decided as outside because the pending queue was full.
+    pub pending_overflow: u64,
 }
 
 /// What the engine observed.

@@ -7,7 +7,9 @@
 //!   lines and inlining; code bytes for frame sizes; `runtime.allglen`).
 //! - `ProcessImage`: an executable as mapped by one process (its load bias).
 //! - `maps`: the one `/proc/PID/maps` parser.
+//! - `frames`: a function's own frame size, from its prologue.
 
+pub mod frames;
 pub mod maps;
 
 use std::{
@@ -140,7 +142,7 @@ impl ExecutableImage {
         }
         let len = usize::try_from(end - entry).ok()?;
         let code = self.binary.bytes_at(entry, len)?;
-        crate::stackgrowth::frames::prologue_max_sp_delta(code, entry)
+        frames::prologue_max_sp_delta(code, entry)
     }
 }
 

@@ -43,7 +43,7 @@ use crate::{
     engine::observed::Observed,
     image::{ExeId, ExecutableImage},
     stackgrowth::Mode,
-    target::{
+    targets::{
         labels,
         tracker::{AttachError, Attached, FailureReason, Kernel},
     },
@@ -398,7 +398,11 @@ impl Kernel for Core {
     }
 
     fn untrace(&mut self, pid: u32) {
-        if let Err(e) = self.object.forget(pid) {
+        if let Err(e) = self
+            .object
+            .forget(pid)
+            .and_then(|()| stacks::forget_process(&mut self.object, pid))
+        {
             log::warn!("forgetting pid {pid}: {e:#}");
         }
         if self.traced.remove(&pid) && self.traced.is_empty() {

@@ -101,7 +101,8 @@ impl Object {
             .with_context(|| format!("adding pid {tgid} to the traced set"))
     }
 
-    /// Remove process `tgid` and every per-process entry the kernel keeps.
+    /// Remove process `tgid` and its entries in the maps every probe family
+    /// shares (the stack-growth family's own map: `stacks::forget_process`).
     pub fn forget(&mut self, tgid: u32) -> anyhow::Result<()> {
         // Absent entries are fine: a probe that never fired left none.
         let mut traced: HashMap<_, u32, TracedProcess> =
@@ -118,7 +119,7 @@ impl Object {
                 probe: probe as u32,
             });
         }
-        super::stacks::forget_process(self, tgid)
+        Ok(())
     }
 
     /// How many times `probe` fired in process `tgid`.

@@ -49,7 +49,7 @@ mod tests {
                 tests::{fault_event, pause_event},
             },
         },
-        target::labels::ProcessLabels,
+        targets::labels::ProcessLabels,
     };
 
     /// The value of the first series line starting with `prefix`.

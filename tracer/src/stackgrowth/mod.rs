@@ -5,12 +5,11 @@
 //! - `aggregate`: pure aggregation into a `StackGrowthSummary` (serde) with a
 //!   text renderer.
 //! - `recommend`: the starting-stack recommendation.
-//! - `symbolize`, `frames`: what aggregation needs of code (the process
-//!   image's frames) and frame sizes (function prologues).
+//! - `symbolize`: what aggregation needs of code (the process image's frames
+//!   and frame sizes, from `image::frames`).
 //! - `goroutines`: the peak goroutine count of a live process.
 
 pub mod aggregate;
-pub mod frames;
 pub mod goroutines;
 pub mod recommend;
 pub mod symbolize;

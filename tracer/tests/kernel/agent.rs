@@ -14,7 +14,7 @@ use std::{
 use serde_json::Value;
 use tracer::{
     kernel::{Core, CoreOptions},
-    target::tracker::{AttachError, FailureReason, Kernel as _},
+    targets::tracker::{AttachError, FailureReason, Kernel as _},
 };
 
 use crate::{

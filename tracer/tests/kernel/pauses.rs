@@ -16,7 +16,7 @@ use tracer::{
     engine::{observed::Observed, pause::StwReason},
     kernel::CoreOptions,
     sink::report::pauses::PauseStats,
-    target::child::StoppedChild,
+    targets::child::StoppedChild,
 };
 
 use crate::support::{

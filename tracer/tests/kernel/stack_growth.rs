@@ -18,7 +18,7 @@ use tracer::{
     },
     sink::report::{Output, ReportSink, View},
     stackgrowth::{Mode, StackGrowthSummary},
-    target::child::StoppedChild,
+    targets::child::StoppedChild,
 };
 
 use crate::support::{

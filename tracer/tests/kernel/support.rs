@@ -21,7 +21,7 @@ use tracer::{
     engine::{Engine, observed::Observed},
     kernel::{Core, CoreOptions, ExeProbes, traced_process},
     sink::Sink,
-    target::{
+    targets::{
         child::StoppedChild,
         tracker::{Kernel as _, Limits},
     },

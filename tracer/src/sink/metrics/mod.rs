@@ -27,7 +27,7 @@ use self::observe::{
 pub use self::sink::MetricsSink;
 use crate::{
     engine::observed::CpuSamples,
-    target::{labels::ProcessLabels, tracker::FailureReason},
+    targets::{labels::ProcessLabels, tracker::FailureReason},
 };
 
 /// Pause and fault-wait buckets: 1-2-5 per decade from 10 us to 10 s (19

@@ -18,7 +18,7 @@ use crate::{
         observed::{Membership, Observed},
     },
     sink::Sink,
-    target::labels::ProcessLabels,
+    targets::labels::ProcessLabels,
 };
 
 /// The agent's sink.

@@ -16,50 +16,11 @@ use super::{
     discovery::NewProcess,
     labels::{self, OVERFLOW, ProcessLabels},
 };
+pub use crate::engine::observed::FailureReason;
 use crate::{
     engine::observed::{CpuSamples, Observed, ProcessInfo},
     image::{ExeId, ExecutableImage},
 };
-
-/// Why an executable or a process could not be traced (a bounded label).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum FailureReason {
-    /// The binary could not be analysed (not readable, malformed, no probe point).
-    Analysis,
-    /// A Go version whose runtime layout gostw does not know.
-    UnsupportedGo,
-    /// The kernel refused a probe.
-    Attach,
-    /// The process could not be added to the traced set.
-    Trace,
-    /// The process exited before it could be traced.
-    ProcessGone,
-    /// `--max-executables` reached.
-    Limit,
-}
-
-impl FailureReason {
-    pub const ALL: [FailureReason; 6] = [
-        FailureReason::Analysis,
-        FailureReason::UnsupportedGo,
-        FailureReason::Attach,
-        FailureReason::Trace,
-        FailureReason::ProcessGone,
-        FailureReason::Limit,
-    ];
-
-    /// The metric label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            FailureReason::Analysis => "analysis",
-            FailureReason::UnsupportedGo => "unsupported_go",
-            FailureReason::Attach => "attach",
-            FailureReason::Trace => "trace",
-            FailureReason::ProcessGone => "process_gone",
-            FailureReason::Limit => "limit",
-        }
-    }
-}
 
 /// What analysing and attaching an executable gave.
 pub struct Attached<P> {
