@@ -6,6 +6,7 @@ pub mod binary;
 pub mod ebpf;
 pub mod events;
 pub mod faults;
+pub mod formats;
 pub mod inspect;
 pub mod kernel_support;
 pub mod pauses;

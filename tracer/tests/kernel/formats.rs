@@ -1,0 +1,283 @@
+//! The output formats opened by the real tools: a stack-growth profile of
+//! real symbolized frames of the `stackgrowth` workload, read back by the Go
+//! toolchain's own `go tool pprof`. No eBPF here: the module lives with the
+//! kernel tests because they carry the Go matrix (GOSTW_GO_MATRIX) and the
+//! workload builder, and fail rather than skip without them.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use tracer::{
+    binary::GoBinary,
+    formats::pprof::{self, Label, Location, MappingInfo, ProfileBuilder},
+    symbolize::Symbolizer,
+};
+
+use crate::support::{GoToolchain, build_workload, go_matrix};
+
+/// Growths at the deep site and at the shallow one.
+const DEEP_GROWTHS: i64 = 1000;
+const SHALLOW_GROWTHS: i64 = 10;
+/// Each growth copies the 2 KB starting stack.
+const OLD_STACK: i64 = 2048;
+
+/// `go tool pprof ARGS PROFILE`, its standard output; panics with stderr.
+fn pprof_tool(go: &GoToolchain, args: &[&str], profile: &Path) -> String {
+    let out = Command::new(&go.go)
+        .args(["tool", "pprof"])
+        .args(args)
+        .arg(profile)
+        .env("GOTOOLCHAIN", "local")
+        // pprof keeps fetched profiles here; keep it out of $HOME.
+        .env("PPROF_TMPDIR", profile.parent().unwrap())
+        .output()
+        .unwrap_or_else(|e| panic!("running {} tool pprof: {e}", go.go.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "go tool pprof {args:?} failed:\n{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// A PC inside `name` whose frames satisfy `want`, and those frames'
+/// location.
+fn location_in(
+    binary: &GoBinary,
+    sym: &Symbolizer,
+    name: &str,
+    want: impl Fn(&[tracer::binary::Frame]) -> bool,
+) -> Location {
+    let f = binary
+        .function(name)
+        .unwrap_or_else(|e| panic!("{name} is not in {}: {e}", binary.path.display()));
+    (f.address..f.address + f.size)
+        .map(|pc| Location {
+            address: pc,
+            frames: sym.symbolize(pc),
+        })
+        .find(|l| want(&l.frames))
+        .unwrap_or_else(|| panic!("no PC of {name} has the frames looked for"))
+}
+
+/// The one function (of the main package, by prefix) named `prefix*`.
+fn closure_of(binary: &GoBinary, prefix: &str) -> String {
+    let table = binary.pclntab().unwrap();
+    let mut names: Vec<&str> = table
+        .functions()
+        .map(|(n, _, _)| n)
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    names.sort();
+    names.dedup();
+    assert!(!names.is_empty(), "no function {prefix}* in the workload");
+    names[0].to_owned()
+}
+
+/// A stack-growth profile of real frames of `binary`: the deep site
+/// (main.deep19k <- main.task, whose location also holds an inlined call,
+/// <- the batch goroutine) and the shallow one.
+fn stack_growth_profile(binary: &GoBinary) -> (ProfileBuilder, Location) {
+    let sym = Symbolizer::for_binary(binary).unwrap();
+    let text = binary
+        .load_segments()
+        .iter()
+        .find(|s| s.flags & 1 != 0)
+        .expect("the workload has an executable segment");
+    let mut b = ProfileBuilder::new(&[("growths", "count"), ("bytes_copied", "bytes")]);
+    b.mapping(MappingInfo {
+        start: text.vaddr,
+        limit: text.vaddr + text.memsz,
+        offset: text.offset,
+        file: binary.path.display().to_string(),
+        build_id: binary.build_id().unwrap_or_default().to_owned(),
+    });
+    let single = |name: &'static str| {
+        move |f: &[tracer::binary::Frame]| f.len() == 1 && f[0].function == name
+    };
+    let deep = location_in(binary, &sym, "main.deep19k", single("main.deep19k"));
+    // A PC of main.task where the compiler inlined a call (the atomic add).
+    let task = location_in(binary, &sym, "main.task", |f| {
+        f.len() >= 2 && f[0].inlined && f.last().unwrap().function == "main.task"
+    });
+    let batch_fn = closure_of(binary, "main.runBatch.");
+    let batch = location_in(binary, &sym, &batch_fn, |f| {
+        f.last().is_some_and(|l| l.function == batch_fn)
+    });
+    let preempt_fn = closure_of(binary, "main.runPreempt.");
+    let shallow = location_in(binary, &sym, "main.shallow", single("main.shallow"));
+    let preempt = location_in(binary, &sym, &preempt_fn, |f| {
+        f.last().is_some_and(|l| l.function == preempt_fn)
+    });
+    let labels = [
+        Label::num("old_stack", OLD_STACK, "bytes"),
+        Label::num("new_stack", 32768, "bytes"),
+        Label::str("mode", "exact"),
+    ];
+    b.add(
+        &[deep, task.clone(), batch],
+        &[DEEP_GROWTHS, DEEP_GROWTHS * OLD_STACK],
+        &labels,
+    )
+    .unwrap();
+    b.add(
+        &[shallow, preempt],
+        &[SHALLOW_GROWTHS, SHALLOW_GROWTHS * OLD_STACK],
+        &labels,
+    )
+    .unwrap();
+    (b, task)
+}
+
+/// The rows of `-top` output: (flat, function), in order.
+fn top_rows(top: &str) -> Vec<(String, String)> {
+    top.lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .skip(1)
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            (cols.len() >= 6).then(|| (cols[0].to_owned(), cols[5..].join(" ")))
+        })
+        .collect()
+}
+
+fn write_profile(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .join("target/formats-test");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn go_tool_pprof_top_shows_the_deep_function_first_with_counts_and_bytes() {
+    for go in go_matrix() {
+        top_shows_the_deep_function_first(&go);
+    }
+}
+
+#[test]
+fn go_tool_pprof_shows_inlined_frames_and_the_build_id() {
+    for go in go_matrix() {
+        inlined_frames_and_build_id(&go);
+    }
+}
+
+/// Each Go version's binary, symbolized, read by that version's pprof.
+fn top_shows_the_deep_function_first(go: &GoToolchain) {
+    eprintln!("Go {}: go tool pprof -top", go.version);
+    let path = build_workload("stackgrowth", go, "", &[]);
+    let binary = GoBinary::open(&path).unwrap();
+    let (b, _) = stack_growth_profile(&binary);
+    let gz = b.encode_gzip();
+    // The protobuf crate's decoder gives the same profile back.
+    assert_eq!(pprof::decode(&gz).unwrap(), *b.profile());
+    let file = write_profile(&format!("stackgrowth-{}.pb.gz", go.version), &gz);
+
+    let top = pprof_tool(go, &["-top", "-sample_index=growths"], &file);
+    assert!(top.contains("Type: growths"), "{top}");
+    assert!(
+        top.contains(&format!("of {} total", DEEP_GROWTHS + SHALLOW_GROWTHS)),
+        "{top}"
+    );
+    let rows = top_rows(&top);
+    assert_eq!(
+        rows.first(),
+        Some(&(DEEP_GROWTHS.to_string(), "main.deep19k".to_owned())),
+        "{top}"
+    );
+    assert_eq!(
+        rows.get(1),
+        Some(&(SHALLOW_GROWTHS.to_string(), "main.shallow".to_owned())),
+        "{top}"
+    );
+
+    // Bytes: pprof scales them to one unit (2048000 B = 1.95MB, 20480 B =
+    // 0.02MB) because the unit is bytes.
+    let top = pprof_tool(go, &["-top", "-sample_index=bytes_copied"], &file);
+    assert!(top.contains("Type: bytes_copied"), "{top}");
+    let rows = top_rows(&top);
+    assert_eq!(rows[0].1, "main.deep19k", "{top}");
+    assert_eq!(rows[0].0, "1.95MB", "{top}");
+    assert_eq!(
+        rows[1],
+        ("0.02MB".to_owned(), "main.shallow".to_owned()),
+        "{top}"
+    );
+
+    // Labels: numeric ones with their unit.
+    let tags = pprof_tool(go, &["-tags", "-sample_index=growths"], &file);
+    // Newer pprof prints "Total 1010 of 1010", Go 1.19's "Total 1010.0".
+    let compact = tags.split_whitespace().collect::<Vec<_>>().join(" ");
+    let total = DEEP_GROWTHS + SHALLOW_GROWTHS;
+    let has = |value: &str| {
+        [
+            format!("{total} ( 100%): {value}"),
+            format!("{total}.0 ( 100%): {value}"),
+        ]
+        .iter()
+        .any(|w| compact.contains(w.as_str()))
+    };
+    assert!(compact.contains("old_stack: Total"), "{tags}");
+    assert!(has("2kB") && has("32kB") && has("exact"), "{tags}");
+}
+
+fn inlined_frames_and_build_id(go: &GoToolchain) {
+    eprintln!("Go {}: go tool pprof -raw, -traces", go.version);
+    let path = build_workload("stackgrowth", go, "", &[]);
+    let binary = GoBinary::open(&path).unwrap();
+    let (b, task) = stack_growth_profile(&binary);
+    let file = write_profile(
+        &format!("stackgrowth-inline-{}.pb.gz", go.version),
+        &b.encode_gzip(),
+    );
+    let inlined = &task.frames[0].function;
+
+    let raw = pprof_tool(go, &["-raw"], &file);
+    assert!(raw.contains("growths/count bytes_copied/bytes"), "{raw}");
+    // The deep sample: both values exact, then its locations and labels.
+    let deep_values = [
+        DEEP_GROWTHS.to_string(),
+        format!("{}:", DEEP_GROWTHS * OLD_STACK),
+    ];
+    assert!(
+        raw.lines().any(|l| l
+            .split_whitespace()
+            .take(2)
+            .eq(deep_values.iter().map(String::as_str))),
+        "no sample {deep_values:?}:\n{raw}"
+    );
+    assert!(raw.contains("old_stack:[2048 bytes]"), "{raw}");
+    let build_id = binary.build_id().expect("Go binaries carry a build id");
+    assert!(
+        raw.contains(build_id),
+        "mapping without the build id:\n{raw}"
+    );
+    // The inlined call and the function it was inlined into: one location,
+    // two lines, the inlined one first.
+    let lines: Vec<&str> = raw.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.contains(&format!("{:#x}", task.address)))
+        .unwrap_or_else(|| panic!("no location {:#x}:\n{raw}", task.address));
+    assert!(lines[at].contains(inlined.as_str()), "{raw}");
+    assert!(lines[at + 1].contains("main.task"), "{raw}");
+
+    let traces = pprof_tool(go, &["-traces"], &file);
+    let stack: Vec<&str> = traces
+        .lines()
+        .skip_while(|l| !l.contains("main.deep19k"))
+        .take(4)
+        .map(str::trim)
+        .collect();
+    assert!(stack[0].ends_with("main.deep19k"), "{traces}");
+    assert_eq!(stack[1], format!("{inlined} (inline)"), "{traces}");
+    assert_eq!(stack[2], "main.task", "{traces}");
+    assert!(stack[3].starts_with("main.runBatch."), "{traces}");
+}
