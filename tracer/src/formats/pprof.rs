@@ -299,7 +299,9 @@ impl ProfileBuilder {
 
     /// Adds `values` (one per sample type) for `stack` (leaf first) with
     /// `labels`; a stack already added with the same labels gets its values
-    /// summed.
+    /// summed. An empty stack (the kernel could not read it) is recorded as
+    /// one `[unknown]` frame: pprof leaves samples without locations out of
+    /// every view, which would hide their values.
     pub fn add(
         &mut self,
         stack: &[Location],
@@ -313,7 +315,11 @@ impl ProfileBuilder {
                 want,
             });
         }
-        let location_id: Vec<u64> = stack.iter().map(|l| self.location(l)).collect();
+        let location_id: Vec<u64> = if stack.is_empty() {
+            vec![self.location(&unknown_location())]
+        } else {
+            stack.iter().map(|l| self.location(l)).collect()
+        };
         let mut sorted: Vec<&Label> = labels.iter().collect();
         sorted.sort();
         let label: Vec<proto::Label> = sorted.into_iter().map(|l| self.label(l)).collect();
@@ -363,6 +369,22 @@ impl ProfileBuilder {
         );
         gz.write_all(&raw).expect("writing to a Vec cannot fail");
         gz.finish().expect("writing to a Vec cannot fail")
+    }
+}
+
+/// The stand-in frame of a sample whose stack is unknown.
+pub const UNKNOWN_FUNCTION: &str = "[unknown]";
+
+fn unknown_location() -> Location {
+    Location {
+        address: 0,
+        frames: vec![Frame {
+            function: UNKNOWN_FUNCTION.to_owned(),
+            file: String::new(),
+            line: 0,
+            inlined: false,
+            start_line: 0,
+        }],
     }
 }
 

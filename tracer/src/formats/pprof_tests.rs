@@ -269,3 +269,14 @@ fn garbage_is_an_error_not_a_profile() {
         Err(ProfileError::Decode(_))
     ));
 }
+
+#[test]
+fn a_sample_without_a_stack_keeps_its_values_under_unknown() {
+    let mut b = fault_builder();
+    b.add(&[], &[1, 100], &[]).unwrap();
+    b.add(&[], &[1, 50], &[]).unwrap();
+    let p = decode(&b.encode_gzip()).unwrap();
+    assert_eq!(p.sample.len(), 1);
+    assert_eq!(p.sample[0].value, [2, 150]);
+    assert_eq!(stack_names(&p, &p.sample[0]), ["[unknown]:0"]);
+}

@@ -11,11 +11,11 @@ use tracer::{
     binary::GoBinary,
     events::EventReader,
     faults::{
-        FaultSource, FaultSummary, FaultTracer, PauseWindow,
+        Fault, FaultSource, FaultSummary, FaultTracer, PauseWindow,
         backend::{KernelSupport, attach_kprobes, load_kprobe_programs},
         report::render_text,
     },
-    pauses::WallClock,
+    pauses::{PauseRecord, WallClock},
     pipeline::{Pipeline, Record},
     session::Session,
 };
@@ -71,6 +71,9 @@ struct Outcome {
     /// Faults gostw attributed to the workload.
     traced_faults: u64,
     ringbuf_full: u64,
+    /// Every pause record and fault, for the output formats' check.
+    pauses: Vec<PauseRecord>,
+    faults: Vec<Fault>,
 }
 
 /// Run gcswap traced by the tracepoint backend; page it out before each GC
@@ -140,10 +143,12 @@ fn run_traced(
     });
     let pid = workload.pid;
     tracer.add_process(pid).unwrap();
+    let mut pauses = Vec::new();
     let mut drain = |tracer: &mut FaultTracer| {
         reader.drain(|bytes| {
             if let Some(Record::Pause(p)) = pipeline.feed(bytes) {
                 tracer.add_window(PauseWindow::from(&p));
+                pauses.push(p);
             }
             tracer.handle_event(bytes);
         });
@@ -174,6 +179,8 @@ fn run_traced(
         final_majflt,
         traced_faults,
         ringbuf_full,
+        faults: tracer.faults().to_vec(),
+        pauses,
     }
 }
 
@@ -198,7 +205,7 @@ pub fn majflt_agrees(traced_faults: u64, majflt: u64) -> bool {
 
 /// Runtime functions that touch GC metadata inside the sweep-termination
 /// pause (gcStart) or walk goroutines/arenas there.
-const GC_FRAMES: &[&str] = &[
+pub const GC_FRAMES: &[&str] = &[
     "runtime.gcStart",
     "runtime.gcPrepareMarkRoots",
     "runtime.gcMarkRootPrepare",
@@ -243,6 +250,8 @@ fn check_pageout(go: &GoToolchain) {
         final_majflt,
         traced_faults,
         ringbuf_full,
+        pauses,
+        faults,
     } = run_gcswap(go, FaultSource::Tracepoint, true);
     assert_eq!(ringbuf_full, 0, "events were dropped");
     let proc = summary
@@ -298,6 +307,7 @@ fn check_pageout(go: &GoToolchain) {
 
     // Fault counts agree with the kernel's own counter.
     assert_majflt_agrees(traced_faults, final_majflt, &report);
+    crate::formats::check_pageout_outputs(go, report.pid, &pauses, &faults);
     let majflt = final_majflt;
 
     // Own and other waits both occur, and add up to the blocked time.
@@ -400,6 +410,7 @@ fn kprobe_backend_pageout() {
         final_majflt,
         traced_faults,
         ringbuf_full,
+        ..
     } = run_gcswap_env(
         &go,
         FaultSource::Kprobe,
@@ -468,6 +479,7 @@ fn neighbour_pressure_faults_agree_with_majflt() {
         final_majflt,
         traced_faults,
         ringbuf_full,
+        ..
     } = run_traced(
         &go,
         FaultSource::Tracepoint,

@@ -1,21 +1,32 @@
 //! The output formats opened by the real tools: a stack-growth profile of
 //! real symbolized frames of the `stackgrowth` workload, read back by the Go
-//! toolchain's own `go tool pprof`. No eBPF here: the module lives with the
-//! kernel tests because they carry the Go matrix (GOSTW_GO_MATRIX) and the
-//! workload builder, and fail rather than skip without them.
+//! toolchain's own `go tool pprof`. No eBPF in the two tests here: they live
+//! with the kernel tests because those carry the Go matrix (GOSTW_GO_MATRIX)
+//! and the workload builder, and fail rather than skip without them. The
+//! page-out scenario (faults.rs) hands its real pauses and faults to
+//! `check_pageout_outputs`.
 
 use std::{
     path::{Path, PathBuf},
     process::Command,
 };
 
+use serde_json::json;
 use tracer::{
-    binary::GoBinary,
-    formats::pprof::{self, Label, Location, MappingInfo, ProfileBuilder},
+    binary::{Frame, GoBinary},
+    faults::{Fault, correlate::FaultKind, symbols::INLINED},
+    formats::{
+        pprof::{self, Label, Location, MappingInfo, ProfileBuilder},
+        timeline::{TimelineWriter, Track},
+    },
+    pauses::PauseRecord,
     symbolize::Symbolizer,
 };
 
-use crate::support::{GoToolchain, build_workload, go_matrix};
+use crate::{
+    faults::GC_FRAMES,
+    support::{GoToolchain, build_workload, go_matrix},
+};
 
 /// Growths at the deep site and at the shallow one.
 const DEEP_GROWTHS: i64 = 1000;
@@ -49,7 +60,7 @@ fn location_in(
     binary: &GoBinary,
     sym: &Symbolizer,
     name: &str,
-    want: impl Fn(&[tracer::binary::Frame]) -> bool,
+    want: impl Fn(&[Frame]) -> bool,
 ) -> Location {
     let f = binary
         .function(name)
@@ -95,9 +106,7 @@ fn stack_growth_profile(binary: &GoBinary) -> (ProfileBuilder, Location) {
         file: binary.path.display().to_string(),
         build_id: binary.build_id().unwrap_or_default().to_owned(),
     });
-    let single = |name: &'static str| {
-        move |f: &[tracer::binary::Frame]| f.len() == 1 && f[0].function == name
-    };
+    let single = |name: &'static str| move |f: &[Frame]| f.len() == 1 && f[0].function == name;
     let deep = location_in(binary, &sym, "main.deep19k", single("main.deep19k"));
     // A PC of main.task where the compiler inlined a call (the atomic add).
     let task = location_in(binary, &sym, "main.task", |f| {
@@ -280,4 +289,194 @@ fn inlined_frames_and_build_id(go: &GoToolchain) {
     assert_eq!(stack[1], format!("{inlined} (inline)"), "{traces}");
     assert_eq!(stack[2], "main.task", "{traces}");
     assert!(stack[3].starts_with("main.runBatch."), "{traces}");
+}
+
+/// The page-out scenario's real pauses and faults (`faults::
+/// pageout_pauses_fault_on_gc_metadata` calls this) as a timeline and a
+/// fault profile: the timeline holds one complete event per pause record
+/// with the record's start and duration, one slice per fault; `go tool
+/// pprof -top` of the in-pause faults lists runtime GC frames. The files
+/// stay in target/formats-test (the README's pictures are of them).
+pub fn check_pageout_outputs(go: &GoToolchain, pid: u32, pauses: &[PauseRecord], faults: &[Fault]) {
+    let pauses: Vec<&PauseRecord> = pauses.iter().filter(|p| p.pid == pid).collect();
+    let faults: Vec<&Fault> = faults.iter().filter(|f| f.tgid == pid).collect();
+    assert!(!pauses.is_empty() && !faults.is_empty(), "nothing traced");
+    // A fault is in the pause it begins in (its end when the begin is unknown).
+    let pause_of = |f: &Fault| {
+        let at = if f.begin_ns == 0 {
+            f.end_ns
+        } else {
+            f.begin_ns
+        };
+        pauses
+            .iter()
+            .find(|p| (p.start_mono_ns..p.start_mono_ns + p.duration_ns).contains(&at))
+    };
+    let backing = |f: &Fault| match f.kind {
+        FaultKind::SwapIn => "swap",
+        FaultKind::FileBacked => "file",
+        FaultKind::Unknown => "unknown",
+    };
+
+    let mut t = TimelineWriter::new(Vec::new()).unwrap();
+    t.process(pid, "gcswap (page-out scenario)").unwrap();
+    t.other_data("go_version", json!(go.version));
+    for p in &pauses {
+        let inside: Vec<&&Fault> = faults
+            .iter()
+            .filter(|f| pause_of(f).is_some_and(|q| std::ptr::eq(*q, *p)))
+            .collect();
+        let args = json!({
+            "reason": p.reason,
+            "duration_source": p.duration_source,
+            "go_duration_ns": p.go_duration_ns,
+            "window_ns": p.window_ns,
+            "stopping_tid": p.tid,
+            "major_faults": inside.len(),
+            "fault_ns": inside.iter().map(|f| f.duration_ns()).sum::<u64>(),
+            "stopper_faults": inside.iter().filter(|f| f.tid == p.tid).count(),
+        });
+        t.pause(
+            pid,
+            p.stw_reason().name(),
+            p.start_mono_ns,
+            p.duration_ns,
+            &args,
+        )
+        .unwrap();
+    }
+    let timed: Vec<&&Fault> = faults.iter().filter(|f| f.begin_ns != 0).collect();
+    for f in &timed {
+        t.thread(pid, f.tid, &format!("thread {}", f.tid)).unwrap();
+        let args = json!({
+            "address": format!("{:#x}", f.address),
+            "blocked_ns": f.blocked_ns,
+            "wait_own_ns": f.wait_own_ns,
+            "wait_other_ns": f.wait_other_ns,
+            "in_pause": pause_of(f).is_some(),
+            "site": f.site(),
+            "stack": &*f.stack,
+        });
+        let name = format!("major fault ({})", backing(f));
+        t.slice(
+            Track::thread(pid, f.tid),
+            "fault",
+            &name,
+            f.begin_ns,
+            f.duration_ns(),
+            &args,
+        )
+        .unwrap();
+    }
+    let json_bytes = t.finish().unwrap();
+    write_profile(
+        &format!("pageout-{}.timeline.json", go.version),
+        &json_bytes,
+    );
+    let v: serde_json::Value = serde_json::from_slice(&json_bytes).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    let complete: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "pause")
+        .collect();
+    assert_eq!(
+        complete.len(),
+        pauses.len(),
+        "one complete event per pause record"
+    );
+    let ns = |us: &serde_json::Value| (us.as_f64().unwrap() * 1000.0).round() as u64;
+    for (e, p) in complete.iter().zip(&pauses) {
+        assert_eq!(ns(&e["ts"]), p.start_mono_ns, "{e}");
+        assert_eq!(ns(&e["dur"]), p.duration_ns, "{e}");
+    }
+    let slices = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "fault")
+        .count();
+    assert_eq!(slices, timed.len(), "one slice per fault with a begin");
+
+    // The fault profile: one count and the fault's time per fault.
+    let mut b = ProfileBuilder::new(&[("major_faults", "count"), ("fault_time", "nanoseconds")]);
+    b.comment(&format!("gostw page-out scenario, Go {}", go.version));
+    for f in &faults {
+        let mut labels = vec![Label::str("backing", backing(f))];
+        match pause_of(f) {
+            Some(p) => {
+                labels.push(Label::str("in_pause", "true"));
+                labels.push(Label::str("reason", p.reason));
+                let thread = if p.tid == f.tid { "stopper" } else { "other" };
+                labels.push(Label::str("thread", thread));
+            }
+            None => labels.push(Label::str("in_pause", "false")),
+        }
+        let duration = i64::try_from(f.duration_ns()).unwrap();
+        b.add(&locations_of(&f.stack), &[1, duration], &labels)
+            .unwrap();
+    }
+    let file = write_profile(
+        &format!("pageout-{}.faults.pb.gz", go.version),
+        &b.encode_gzip(),
+    );
+    let in_pause = faults.iter().filter(|f| pause_of(f).is_some()).count();
+    // -noinlines: charge inlined helpers (atomic loads) to the runtime
+    // function they were inlined into, as the text report does;
+    // -nodefraction=0: the focused faults are <1% of all, keep every node.
+    let top = pprof_tool(
+        go,
+        &[
+            "-top",
+            "-noinlines",
+            "-nodefraction=0",
+            "-sample_index=major_faults",
+            "-tagfocus=in_pause=true",
+        ],
+        &file,
+    );
+    eprintln!("{top}");
+    // pprof's total stays the whole profile; the focused part is shown.
+    let shown = format!("Showing nodes accounting for {in_pause}, ");
+    let total = format!(" of {} total", faults.len());
+    assert!(
+        top.contains(&shown) && top.contains(&total),
+        "wanted {shown:?} and {total:?}:\n{top}"
+    );
+    let rows = top_rows(&top);
+    assert!(rows[0].1.starts_with("runtime."), "{top}");
+    assert!(
+        rows.iter().any(|(_, f)| GC_FRAMES.contains(&f.as_str())),
+        "no runtime GC frame in the in-pause fault profile:\n{top}"
+    );
+    let top = pprof_tool(go, &["-top", "-sample_index=fault_time"], &file);
+    assert!(top.contains("Type: fault_time"), "{top}");
+}
+
+/// Locations of a stack of names (innermost first, inlined frames marked),
+/// as the fault symbolizer gives them today: each non-inlined frame closes
+/// a location holding the inlined ones before it. No addresses or lines.
+fn locations_of(stack: &[String]) -> Vec<Location> {
+    let mut out = Vec::new();
+    let mut frames = Vec::new();
+    for name in stack {
+        let (function, inlined) = match name.strip_suffix(INLINED) {
+            Some(f) => (f, true),
+            None => (name.as_str(), false),
+        };
+        frames.push(Frame {
+            function: function.to_owned(),
+            file: String::new(),
+            line: 0,
+            inlined,
+            start_line: 0,
+        });
+        if !inlined {
+            out.push(Location {
+                address: 0,
+                frames: std::mem::take(&mut frames),
+            });
+        }
+    }
+    if !frames.is_empty() {
+        out.push(Location { address: 0, frames });
+    }
+    out
 }
