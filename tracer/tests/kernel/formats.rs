@@ -93,19 +93,8 @@ fn closure_of(binary: &GoBinary, prefix: &str) -> String {
 /// <- the batch goroutine) and the shallow one.
 fn stack_growth_profile(binary: &GoBinary) -> (ProfileBuilder, Location) {
     let sym = Symbolizer::for_binary(binary).unwrap();
-    let text = binary
-        .load_segments()
-        .iter()
-        .find(|s| s.flags & 1 != 0)
-        .expect("the workload has an executable segment");
     let mut b = ProfileBuilder::new(&[("growths", "count"), ("bytes_copied", "bytes")]);
-    b.mapping(MappingInfo {
-        start: text.vaddr,
-        limit: text.vaddr + text.memsz,
-        offset: text.offset,
-        file: binary.path.display().to_string(),
-        build_id: binary.build_id().unwrap_or_default().to_owned(),
-    });
+    b.mapping(main_mapping(binary));
     let single = |name: &'static str| move |f: &[Frame]| f.len() == 1 && f[0].function == name;
     let deep = location_in(binary, &sym, "main.deep19k", single("main.deep19k"));
     // A PC of main.task where the compiler inlined a call (the atomic add).
@@ -139,6 +128,22 @@ fn stack_growth_profile(binary: &GoBinary) -> (ProfileBuilder, Location) {
     )
     .unwrap();
     (b, task)
+}
+
+/// The mapping of `binary`'s code (link-time addresses, as symbolized).
+fn main_mapping(binary: &GoBinary) -> MappingInfo {
+    let text = binary
+        .load_segments()
+        .iter()
+        .find(|s| s.flags & 1 != 0)
+        .expect("a Go binary has an executable segment");
+    MappingInfo {
+        start: text.vaddr,
+        limit: text.vaddr + text.memsz,
+        offset: text.offset,
+        file: binary.path.display().to_string(),
+        build_id: binary.build_id().unwrap_or_default().to_owned(),
+    }
 }
 
 /// The rows of `-top` output: (flat, function), in order.
@@ -398,6 +403,11 @@ pub fn check_pageout_outputs(go: &GoToolchain, pid: u32, pauses: &[PauseRecord],
     // The fault profile: one count and the fault's time per fault.
     let mut b = ProfileBuilder::new(&[("major_faults", "count"), ("fault_time", "nanoseconds")]);
     b.comment(&format!("gostw page-out scenario, Go {}", go.version));
+    // The main binary names the profile (its locations carry no address:
+    // the fault stacks come as names today).
+    b.mapping(main_mapping(
+        &GoBinary::open(&build_workload("gcswap", go, "", &[])).unwrap(),
+    ));
     for f in &faults {
         let mut labels = vec![Label::str("backing", backing(f))];
         match pause_of(f) {
