@@ -16,7 +16,11 @@ use tracer::{
     binary::{Frame, GoBinary},
     faults::{Fault, correlate::FaultKind, symbols::INLINED},
     formats::{
-        pprof::{self, Label, Location, MappingInfo, ProfileBuilder},
+        pprof::{self, Location, MappingInfo},
+        profiles::{
+            self, Backing, FaultPause, FaultRecord, GrowthRecord, ProfileInfo, StackGrowthMode,
+            faults_profile,
+        },
         timeline::{TimelineWriter, Track},
     },
     pauses::PauseRecord,
@@ -91,10 +95,8 @@ fn closure_of(binary: &GoBinary, prefix: &str) -> String {
 /// A stack-growth profile of real frames of `binary`: the deep site
 /// (main.deep19k <- main.task, whose location also holds an inlined call,
 /// <- the batch goroutine) and the shallow one.
-fn stack_growth_profile(binary: &GoBinary) -> (ProfileBuilder, Location) {
+fn stack_growth_profile(binary: &GoBinary) -> (Vec<u8>, Location) {
     let sym = Symbolizer::for_binary(binary).unwrap();
-    let mut b = ProfileBuilder::new(&[("growths", "count"), ("bytes_copied", "bytes")]);
-    b.mapping(main_mapping(binary));
     let single = |name: &'static str| move |f: &[Frame]| f.len() == 1 && f[0].function == name;
     let deep = location_in(binary, &sym, "main.deep19k", single("main.deep19k"));
     // A PC of main.task where the compiler inlined a call (the atomic add).
@@ -110,24 +112,25 @@ fn stack_growth_profile(binary: &GoBinary) -> (ProfileBuilder, Location) {
     let preempt = location_in(binary, &sym, &preempt_fn, |f| {
         f.last().is_some_and(|l| l.function == preempt_fn)
     });
-    let labels = [
-        Label::num("old_stack", OLD_STACK, "bytes"),
-        Label::num("new_stack", 32768, "bytes"),
-        Label::str("mode", "exact"),
+    let deep_stack = [deep, task.clone(), batch];
+    let shallow_stack = [shallow, preempt];
+    let site = |stack, events: i64| GrowthRecord {
+        stack,
+        old_stack: OLD_STACK as u64,
+        new_stack: 32768,
+        events: events as u64,
+        bytes_copied: (events * OLD_STACK) as u64,
+    };
+    let info = ProfileInfo {
+        main: Some(main_mapping(binary)),
+        ..ProfileInfo::default()
+    };
+    let records = [
+        site(&deep_stack, DEEP_GROWTHS),
+        site(&shallow_stack, SHALLOW_GROWTHS),
     ];
-    b.add(
-        &[deep, task.clone(), batch],
-        &[DEEP_GROWTHS, DEEP_GROWTHS * OLD_STACK],
-        &labels,
-    )
-    .unwrap();
-    b.add(
-        &[shallow, preempt],
-        &[SHALLOW_GROWTHS, SHALLOW_GROWTHS * OLD_STACK],
-        &labels,
-    )
-    .unwrap();
-    (b, task)
+    let gz = profiles::stack_growth_profile(&info, StackGrowthMode::Exact, &records);
+    (gz, task)
 }
 
 /// The mapping of `binary`'s code (link-time addresses, as symbolized).
@@ -188,10 +191,11 @@ fn top_shows_the_deep_function_first(go: &GoToolchain) {
     eprintln!("Go {}: go tool pprof -top", go.version);
     let path = build_workload("stackgrowth", go, "", &[]);
     let binary = GoBinary::open(&path).unwrap();
-    let (b, _) = stack_growth_profile(&binary);
-    let gz = b.encode_gzip();
+    let (gz, _) = stack_growth_profile(&binary);
     // The protobuf crate's decoder gives the same profile back.
-    assert_eq!(pprof::decode(&gz).unwrap(), *b.profile());
+    let decoded = pprof::decode(&gz).unwrap();
+    assert_eq!(decoded.sample.len(), 2);
+    assert_eq!(decoded.location.len(), 5);
     let file = write_profile(&format!("stackgrowth-{}.pb.gz", go.version), &gz);
 
     let top = pprof_tool(go, &["-top", "-sample_index=growths"], &file);
@@ -239,22 +243,23 @@ fn top_shows_the_deep_function_first(go: &GoToolchain) {
         .any(|w| compact.contains(w.as_str()))
     };
     assert!(compact.contains("old_stack: Total"), "{tags}");
-    assert!(has("2kB") && has("32kB") && has("exact"), "{tags}");
+    assert!(has("2kB") && has("32kB"), "{tags}");
 }
 
 fn inlined_frames_and_build_id(go: &GoToolchain) {
     eprintln!("Go {}: go tool pprof -raw, -traces", go.version);
     let path = build_workload("stackgrowth", go, "", &[]);
     let binary = GoBinary::open(&path).unwrap();
-    let (b, task) = stack_growth_profile(&binary);
-    let file = write_profile(
-        &format!("stackgrowth-inline-{}.pb.gz", go.version),
-        &b.encode_gzip(),
-    );
+    let (gz, task) = stack_growth_profile(&binary);
+    let file = write_profile(&format!("stackgrowth-inline-{}.pb.gz", go.version), &gz);
     let inlined = &task.frames[0].function;
 
     let raw = pprof_tool(go, &["-raw"], &file);
-    assert!(raw.contains("growths/count bytes_copied/bytes"), "{raw}");
+    // "growths/count[dflt] bytes_copied/bytes": growths is the default.
+    assert!(
+        raw.contains("growths/count[dflt] bytes_copied/bytes"),
+        "{raw}"
+    );
     // The deep sample: both values exact, then its locations and labels.
     let deep_values = [
         DEEP_GROWTHS.to_string(),
@@ -318,9 +323,9 @@ pub fn check_pageout_outputs(go: &GoToolchain, pid: u32, pauses: &[PauseRecord],
             .find(|p| (p.start_mono_ns..p.start_mono_ns + p.duration_ns).contains(&at))
     };
     let backing = |f: &Fault| match f.kind {
-        FaultKind::SwapIn => "swap",
-        FaultKind::FileBacked => "file",
-        FaultKind::Unknown => "unknown",
+        FaultKind::SwapIn => Backing::Swap,
+        FaultKind::FileBacked => Backing::File,
+        FaultKind::Unknown => Backing::Unknown,
     };
 
     let mut t = TimelineWriter::new(Vec::new()).unwrap();
@@ -362,7 +367,7 @@ pub fn check_pageout_outputs(go: &GoToolchain, pid: u32, pauses: &[PauseRecord],
             "site": f.site(),
             "stack": &*f.stack,
         });
-        let name = format!("major fault ({})", backing(f));
+        let name = format!("major fault ({})", backing(f).label());
         t.slice(
             Track::thread(pid, f.tid),
             "fault",
@@ -400,32 +405,33 @@ pub fn check_pageout_outputs(go: &GoToolchain, pid: u32, pauses: &[PauseRecord],
         .count();
     assert_eq!(slices, timed.len(), "one slice per fault with a begin");
 
-    // The fault profile: one count and the fault's time per fault.
-    let mut b = ProfileBuilder::new(&[("major_faults", "count"), ("fault_time", "nanoseconds")]);
-    b.comment(&format!("gostw page-out scenario, Go {}", go.version));
-    // The main binary names the profile (its locations carry no address:
-    // the fault stacks come as names today).
-    b.mapping(main_mapping(
-        &GoBinary::open(&build_workload("gcswap", go, "", &[])).unwrap(),
-    ));
-    for f in &faults {
-        let mut labels = vec![Label::str("backing", backing(f))];
-        match pause_of(f) {
-            Some(p) => {
-                labels.push(Label::str("in_pause", "true"));
-                labels.push(Label::str("reason", p.reason));
-                let thread = if p.tid == f.tid { "stopper" } else { "other" };
-                labels.push(Label::str("thread", thread));
-            }
-            None => labels.push(Label::str("in_pause", "false")),
-        }
-        let duration = i64::try_from(f.duration_ns()).unwrap();
-        b.add(&locations_of(&f.stack), &[1, duration], &labels)
-            .unwrap();
-    }
+    // The fault profile, as the --pprof sink and the agent build it.
+    let info = ProfileInfo {
+        // The main binary names the profile (its locations carry no
+        // address: the fault stacks come as names today).
+        main: Some(main_mapping(
+            &GoBinary::open(&build_workload("gcswap", go, "", &[])).unwrap(),
+        )),
+        comment: Some(format!("gostw page-out scenario, Go {}", go.version)),
+        ..ProfileInfo::default()
+    };
+    let stacks: Vec<Vec<Location>> = faults.iter().map(|f| locations_of(&f.stack)).collect();
+    let records: Vec<FaultRecord> = faults
+        .iter()
+        .zip(&stacks)
+        .map(|(f, stack)| FaultRecord {
+            stack,
+            duration_ns: f.duration_ns(),
+            backing: backing(f),
+            pause: pause_of(f).map(|p| FaultPause {
+                reason: p.reason,
+                by_stopper: p.tid == f.tid,
+            }),
+        })
+        .collect();
     let file = write_profile(
         &format!("pageout-{}.faults.pb.gz", go.version),
-        &b.encode_gzip(),
+        &faults_profile(&info, &records),
     );
     let in_pause = faults.iter().filter(|f| pause_of(f).is_some()).count();
     // -noinlines: charge inlined helpers (atomic loads) to the runtime
