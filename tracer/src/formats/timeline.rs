@@ -194,16 +194,8 @@ impl<W: Write> TimelineWriter<W> {
         dur_ns: u64,
         args: &Value,
     ) -> io::Result<()> {
-        let (pid, tid) = (track.pid, track.tid);
-        let (name, category) = (quoted(name), quoted(category));
-        let out = self.next()?;
-        write!(
-            out,
-            r#"{{"name":{name},"cat":{category},"ph":"X","ts":{},"dur":{},"pid":{pid},"tid":{tid}"#,
-            Micros(start_ns),
-            Micros(dur_ns)
-        )?;
-        write_args(out, args)
+        let kind = format_args!(r#""ph":"X","dur":{}"#, Micros(dur_ns));
+        self.timed(track, category, name, start_ns, kind, args)
     }
 
     /// An instant event ("ph":"i", thread scope) at `ts_ns` on `track`,
@@ -216,12 +208,33 @@ impl<W: Write> TimelineWriter<W> {
         ts_ns: u64,
         args: &Value,
     ) -> io::Result<()> {
+        self.timed(
+            track,
+            category,
+            name,
+            ts_ns,
+            format_args!(r#""ph":"i","s":"t""#),
+            args,
+        )
+    }
+
+    /// An event at `ts_ns` on `track`; `kind` is its `"ph"` and what goes
+    /// with it (a duration, a scope).
+    fn timed(
+        &mut self,
+        track: Track,
+        category: &str,
+        name: &str,
+        ts_ns: u64,
+        kind: fmt::Arguments<'_>,
+        args: &Value,
+    ) -> io::Result<()> {
         let (pid, tid) = (track.pid, track.tid);
         let (name, category) = (quoted(name), quoted(category));
         let out = self.next()?;
         write!(
             out,
-            r#"{{"name":{name},"cat":{category},"ph":"i","s":"t","ts":{},"pid":{pid},"tid":{tid}"#,
+            r#"{{"name":{name},"cat":{category},{kind},"ts":{},"pid":{pid},"tid":{tid}"#,
             Micros(ts_ns)
         )?;
         write_args(out, args)
