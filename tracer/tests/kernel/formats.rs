@@ -161,7 +161,7 @@ fn top_rows(top: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-fn write_profile(name: &str, bytes: &[u8]) -> PathBuf {
+fn write_output(name: &str, bytes: &[u8]) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap()
@@ -196,7 +196,7 @@ fn top_shows_the_deep_function_first(go: &GoToolchain) {
     let decoded = pprof::decode(&gz).unwrap();
     assert_eq!(decoded.sample.len(), 2);
     assert_eq!(decoded.location.len(), 5);
-    let file = write_profile(&format!("stackgrowth-{}.pb.gz", go.version), &gz);
+    let file = write_output(&format!("stackgrowth-{}.pb.gz", go.version), &gz);
 
     let top = pprof_tool(go, &["-top", "-sample_index=growths"], &file);
     assert!(top.contains("Type: growths"), "{top}");
@@ -251,7 +251,7 @@ fn inlined_frames_and_build_id(go: &GoToolchain) {
     let path = build_workload("stackgrowth", go, "", &[]);
     let binary = GoBinary::open(&path).unwrap();
     let (gz, task) = stack_growth_profile(&binary);
-    let file = write_profile(&format!("stackgrowth-inline-{}.pb.gz", go.version), &gz);
+    let file = write_output(&format!("stackgrowth-inline-{}.pb.gz", go.version), &gz);
     let inlined = &task.frames[0].function;
 
     let raw = pprof_tool(go, &["-raw"], &file);
@@ -379,7 +379,7 @@ pub fn check_pageout_outputs(go: &GoToolchain, pid: u32, pauses: &[PauseRecord],
         .unwrap();
     }
     let json_bytes = t.finish().unwrap();
-    write_profile(
+    write_output(
         &format!("pageout-{}.timeline.json", go.version),
         &json_bytes,
     );
@@ -429,7 +429,7 @@ pub fn check_pageout_outputs(go: &GoToolchain, pid: u32, pauses: &[PauseRecord],
             }),
         })
         .collect();
-    let file = write_profile(
+    let file = write_output(
         &format!("pageout-{}.faults.pb.gz", go.version),
         &faults_profile(&info, &records),
     );
