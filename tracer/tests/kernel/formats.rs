@@ -161,6 +161,7 @@ fn top_rows(top: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Writes `bytes` to target/formats-test/NAME, kept for a look afterwards.
 fn write_output(name: &str, bytes: &[u8]) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
