@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod binary;
 pub mod engine;
+pub mod formats;
 pub mod image;
 pub mod inspect;
 pub mod kernel;
