@@ -8,6 +8,7 @@ pub mod events;
 pub mod faults;
 pub mod inspect;
 pub mod kernel_support;
+pub mod memory;
 pub mod pauses;
 pub mod pipeline;
 pub mod process;
