@@ -16,7 +16,8 @@
 // "metrics" prints, as one JSON line prefixed "METRICS ", the runtime's own
 // memory classes (every /memory/classes/ metric of runtime/metrics, in
 // bytes), read and printed without allocating on the heap in between, so a
-// helper can freeze the process right after the line and compare.
+// helper can freeze the process right after the line and compare. "cwork"
+// makes C allocations in builds with -tags gostwcgo (cgo.go).
 package main
 
 import (
@@ -38,6 +39,9 @@ type node struct {
 	left, right *node
 	payload     [4]int64
 }
+
+// cWork makes C allocations (cgo.go, -tags gostwcgo); nil without cgo.
+var cWork func() int
 
 var (
 	live    []*node
@@ -166,6 +170,13 @@ func main() {
 		}
 		if cmd == "metrics" {
 			printMemoryClasses()
+		}
+		if cmd == "cwork" {
+			if cWork == nil {
+				fmt.Println("CWORK none")
+			} else {
+				fmt.Printf("CWORK %d\n", cWork())
+			}
 		}
 	}
 	runtime.KeepAlive(live)

@@ -111,12 +111,13 @@ pub struct Part {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ClassUsage {
     pub class: MemoryClass,
-    /// How most of its bytes (by address space) were found.
+    /// How most of the bytes it holds (resident or swapped; address space
+    /// when it holds none) were found.
     pub source: Source,
     #[serde(flatten)]
     pub usage: Usage,
     /// Mappings (or pieces of mappings) in the class.
     pub mappings: u64,
-    /// Its parts, largest first.
+    /// Its parts, largest first (bytes held, then address space).
     pub parts: Vec<Part>,
 }

@@ -48,8 +48,9 @@ pub struct Context {
     pub arena_source: Option<Source>,
     /// Metadata regions the runtime's index located.
     pub metadata: Vec<(Range<u64>, MetadataPart)>,
-    /// glibc malloc arenas found by their header.
+    /// glibc malloc arenas and mmap'd chunks, found by their headers.
     pub c_heaps: Vec<Range<u64>>,
+    pub c_chunks: Vec<Range<u64>>,
     pub c_runtime: bool,
     pub go_names: bool,
 }
@@ -89,17 +90,29 @@ impl Context {
                 2 + part as usize,
             );
         }
-        let c = Label::new(
-            MemoryClass::Other,
-            "C malloc arenas (glibc)",
-            Source::MappingLayout,
-        );
-        push(
-            &mut self.c_heaps.iter().map(|r| (r.clone(), c.clone())),
-            2 + MetadataPart::ALL.len(),
-        );
+        let rank = 2 + MetadataPart::ALL.len();
+        for (ranges, part) in [
+            (&self.c_heaps, "C malloc arenas (glibc)"),
+            (&self.c_chunks, "C malloc mmap'd chunks (glibc)"),
+        ] {
+            let c = Label::new(MemoryClass::Other, part, Source::MappingLayout);
+            push(&mut ranges.iter().map(|r| (r.clone(), c.clone())), rank);
+        }
         v.sort_by_key(|o| o.range.start);
         v
+    }
+
+    /// Whether anonymous mapping `i` starts where a library's writable data
+    /// ends: the dynamic loader maps a library's bss there.
+    fn follows_library_data(&self, mappings: &[Mapping], i: usize) -> bool {
+        let Some(prev) = i.checked_sub(1).map(|p| &mappings[p]) else {
+            return false;
+        };
+        matches!(prev.backing, Backing::File(_))
+            && prev.writable
+            && prev.private
+            && prev.end == mappings[i].start
+            && Some(prev.inode) != self.exe_inode
     }
 
     /// The class of mapping `i` from what backs it and the layout rules.
@@ -123,6 +136,9 @@ impl Context {
                 Some(name) => Label::new(layout::go_name_class(name), name, Source::VmaName),
                 None => Label::new(MemoryClass::Other, "named by the program", Source::VmaName),
             },
+            Backing::Anonymous if self.follows_library_data(mappings, i) => {
+                Label::new(MemoryClass::FileBacked, "libraries' bss", Source::File)
+            }
             Backing::Anonymous => {
                 let guard_of_stack = mappings
                     .get(i + 1)
@@ -297,10 +313,14 @@ fn class_usage(class: MemoryClass, by_label: &HashMap<Label, (Usage, u64)>) -> C
             usage,
         })
         .collect();
-    parts.sort_by_key(|p| std::cmp::Reverse(p.usage.mapped_bytes + p.usage.reserved_bytes));
-    let mut by_source: BTreeMap<Source, u64> = BTreeMap::new();
+    // Largest first by what is held (resident or swapped), then by space.
+    let weight = |u: &Usage| (u.touched_bytes(), u.mapped_bytes + u.reserved_bytes);
+    parts.sort_by_key(|p| std::cmp::Reverse(weight(&p.usage)));
+    let mut by_source: BTreeMap<Source, (u64, u64)> = BTreeMap::new();
     for p in &parts {
-        *by_source.entry(p.source).or_default() += p.usage.mapped_bytes + p.usage.reserved_bytes;
+        let e = by_source.entry(p.source).or_default();
+        let (held, space) = weight(&p.usage);
+        *e = (e.0 + held, e.1 + space);
     }
     let source = by_source
         .into_iter()

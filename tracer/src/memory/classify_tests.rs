@@ -177,6 +177,10 @@ Rss:                  16 kB
 Rss:                  64 kB
 7f3000000000-7f3000100000 r-xp 00000000 fe:00 5 /usr/lib/x86_64-linux-gnu/libc.so.6
 Rss:                 800 kB
+7f3000100000-7f3000102000 rw-p 00100000 fe:00 5 /usr/lib/x86_64-linux-gnu/libc.so.6
+Rss:                   8 kB
+7f3000102000-7f300010f000 rw-p 00000000 00:00 0 
+Rss:                  52 kB
 ";
 
 #[test]
@@ -216,8 +220,9 @@ fn cgo_stacks_and_c_heaps_are_other() {
         part(files, "libraries and other files")
             .usage
             .resident_bytes,
-        800 << 10
+        808 << 10
     );
+    assert_eq!(part(files, "libraries' bss").usage.resident_bytes, 52 << 10);
 }
 
 /// Go 1.25+ with mapping names.

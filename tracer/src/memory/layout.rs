@@ -98,7 +98,8 @@ pub fn arena_runs(mappings: &[Mapping], is_c_heap: &dyn Fn(&[Mapping]) -> bool) 
             j += 1;
         }
         let (start, end) = (mappings[i].start, mappings[j - 1].end);
-        let aligned = start % HEAP_ARENA_BYTES == 0 && end % HEAP_ARENA_BYTES == 0;
+        let aligned =
+            start.is_multiple_of(HEAP_ARENA_BYTES) && end.is_multiple_of(HEAP_ARENA_BYTES);
         // A run of reservations only has nothing of the heap in it yet.
         let any_mapped = mappings[i..j].iter().any(|m| !m.is_reservation());
         if aligned && any_mapped && !is_c_heap(&mappings[i..j]) {

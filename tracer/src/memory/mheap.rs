@@ -74,9 +74,10 @@ pub fn arena_base(idx: u64, amd64: bool) -> u64 {
 /// Why the runtime's heap index could not be used.
 fn unread(what: &str, why: Unread) -> String {
     match why {
-        Unread::NotResident => {
+        Unread::InSwap => {
             format!("{what} is in swap (reading it would swap it back in, so gostw does not)")
         }
+        Unread::NotPresent => format!("{what} is not in memory"),
         Unread::Failed => format!("{what} could not be read"),
     }
 }

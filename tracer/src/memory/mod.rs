@@ -11,12 +11,14 @@
 //!
 //! - `smaps`, `pagemap`: the kernel's per-mapping and per-page figures.
 //! - `dwarf`, `mheap`: the runtime's own heap index, read from the process.
-//! - `layout`: what the mapping layout alone tells (stripped binaries).
+//! - `layout`: what the mapping layout alone tells (stripped binaries);
+//!   `c_alloc`: C's allocations in cgo processes, by glibc's headers.
 //! - `classify`: mappings and ranges into classes.
 //! - `cgroup`, `vmstat`: cgroup (v1, v2) and host context.
 //! - `advice`, `render`: findings and the text report.
 
 pub mod advice;
+pub mod c_alloc;
 pub mod cgroup;
 pub mod classes;
 pub mod classify;

@@ -12,10 +12,17 @@ use super::classify::PageSource;
 const PRESENT: u64 = 1 << 63;
 /// Page is in swap.
 const SWAPPED: u64 = 1 << 62;
+/// Page is a file page (or shared anonymous memory).
+const FILE: u64 = 1 << 61;
+/// Page is mapped by this process only.
+const EXCLUSIVE: u64 = 1 << 56;
 
 /// Resident and swapped pages of an address range.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PageCounts {
+    /// In memory and counted in smaps' `Rss`: exclusively mapped anonymous
+    /// pages and file pages. The shared zero page (mapped where a program
+    /// read memory it never wrote) is present but not in `Rss`, nor here.
     pub present: u64,
     pub swapped: u64,
 }
@@ -25,9 +32,9 @@ impl PageCounts {
     pub fn of(entries: &[u64]) -> PageCounts {
         let mut c = PageCounts::default();
         for &e in entries {
-            if e & PRESENT != 0 {
+            if e & PRESENT != 0 && e & (EXCLUSIVE | FILE) != 0 {
                 c.present += 1;
-            } else if e & SWAPPED != 0 {
+            } else if e & PRESENT == 0 && e & SWAPPED != 0 {
                 c.swapped += 1;
             }
         }
@@ -105,16 +112,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counts_present_and_swapped_bits_only() {
+    fn counts_what_smaps_counts_as_rss_and_swap() {
         let pfn = 0x1234;
         let swap_entry = 0x55 << 5 | 1; // type 1, offset 0x55: no frame number
         let entries = [
-            PRESENT | pfn,
-            PRESENT | (1 << 61), // a file page
+            PRESENT | EXCLUSIVE | pfn,
+            PRESENT | FILE, // a file page
             SWAPPED | swap_entry,
-            0,                   // never touched
-            1 << 55,             // soft-dirty only: not there
-            PRESENT | (1 << 56), // exclusively mapped
+            0,       // never touched
+            1 << 55, // soft-dirty only: not there
+            PRESENT | EXCLUSIVE,
+            PRESENT | pfn, // the shared zero page: read, never written
         ];
         assert_eq!(
             PageCounts::of(&entries),

@@ -11,8 +11,11 @@ use super::pagemap::{PageCounts, Pagemap};
 /// Why bytes were not read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unread {
-    /// Some page is not in memory (in swap, or never touched).
-    NotResident,
+    /// Some page is in swap.
+    InSwap,
+    /// Some page is not in memory and not in swap (never touched, or a
+    /// file page not in the page cache).
+    NotPresent,
     /// The read failed (unmapped, or no access).
     Failed,
 }
@@ -48,7 +51,11 @@ impl ProcessMemory {
         let c = PageCounts::of(&entries);
         if c.present != entries.len() as u64 {
             self.not_resident.set(self.not_resident.get() + len as u64);
-            return Err(Unread::NotResident);
+            return Err(if c.swapped > 0 {
+                Unread::InSwap
+            } else {
+                Unread::NotPresent
+            });
         }
         let mut buf = vec![0u8; len];
         self.file
@@ -126,7 +133,7 @@ mod tests {
             )
         };
         assert_ne!(fresh, libc::MAP_FAILED);
-        assert_eq!(mem.u64(fresh as u64), Err(Unread::NotResident));
+        assert_eq!(mem.u64(fresh as u64), Err(Unread::NotPresent));
         assert_eq!(mem.not_resident_bytes(), 8);
         // SAFETY: unmapping the mapping made above.
         unsafe { libc::munmap(fresh, page as usize) };

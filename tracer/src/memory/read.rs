@@ -5,7 +5,7 @@
 use std::{io, ops::Range, os::unix::fs::MetadataExt as _};
 
 use super::{
-    ArenaSummary, Exposure, HostMemory, MemoryError, MetadataReads, PlainSummary,
+    ArenaSummary, Exposure, HostMemory, MemoryError, MetadataReads, PlainSummary, c_alloc,
     classes::{MemoryClass, Source, Usage},
     classify::{self, Context},
     dwarf, layout,
@@ -124,7 +124,15 @@ pub(super) fn read(pid: u32, options: &ReadOptions) -> Result<Exposure, MemoryEr
     } else {
         None
     };
-    if let Some(rt) = runtime.filter(|rt| covers_mappings(&rt.arenas, &mappings, &mut notes)) {
+    let runtime = runtime.filter(|rt| covers_mappings(&rt.arenas, &mappings, &mut notes));
+    // C's allocations, where a C runtime shares the address space and the
+    // runtime did not name its own mappings.
+    let c_known = ctx.c_runtime && !ctx.go_names;
+    if let Some(mem) = mem.as_ref().filter(|_| c_known) {
+        let go_arenas = runtime.as_ref().map(|rt| &rt.arenas[..]);
+        ctx.c_heaps = c_alloc::glibc_heaps(&mappings, mem, go_arenas);
+    }
+    if let Some(rt) = runtime {
         ctx.arenas = rt.arenas;
         ctx.metadata = rt.metadata;
         ctx.arena_source = Some(Source::ArenaIndex);
@@ -132,14 +140,10 @@ pub(super) fn read(pid: u32, options: &ReadOptions) -> Result<Exposure, MemoryEr
     } else if ctx.go_names {
         ctx.arena_source = Some(Source::VmaName);
     } else {
-        ctx.c_heaps = if ctx.c_runtime {
-            c_heaps(&mappings, mem.as_ref())
-        } else {
-            Vec::new()
-        };
         let c_heaps = ctx.c_heaps.clone();
         ctx.arenas = layout::arena_runs(&mappings, &|run: &[Mapping]| {
-            c_heaps.iter().any(|h| h.start == run[0].start)
+            let (start, end) = (run[0].start, run[run.len() - 1].end);
+            c_heaps.iter().any(|h| h.start >= start && h.start < end)
         });
         ctx.arena_source = Some(Source::MappingLayout);
         if ctx.arenas.is_empty() {
@@ -148,12 +152,21 @@ pub(super) fn read(pid: u32, options: &ReadOptions) -> Result<Exposure, MemoryEr
                     .into(),
             );
         }
-        if ctx.c_runtime {
-            notes.push(
-                "a C runtime is mapped (cgo) and the binary has no symbols/DWARF or Go mapping names: anonymous memory that is neither a Go arena nor recognisably C's is counted as GC metadata, and may hold C allocations"
-                    .into(),
-            );
-        }
+    }
+    if let Some(mem) = mem.as_ref().filter(|_| c_known) {
+        let (chunks, unread) = c_alloc::glibc_mmap_chunks(&mappings, &ctx.arenas, mem);
+        ctx.c_chunks = chunks;
+        notes.push(format!(
+            "a C runtime is mapped (cgo): glibc's heaps, mmap'd chunks and thread stacks are told apart by their headers and guard pages; other anonymous memory outside the arenas counts as GC metadata and may hold other C allocations{}",
+            if unread > 0 {
+                format!(
+                    " ({} of anonymous mappings start on a page in swap, not read: C chunks among them count as GC metadata)",
+                    super::render::bytes(unread)
+                )
+            } else {
+                String::new()
+            }
+        ));
     }
     let pagemap = Pagemap::open(pid, page).map_err(|e| io_error(pid, "pagemap", e))?;
     let classes = classify::classify(&mappings, &ctx, &pagemap, page)
@@ -302,31 +315,6 @@ fn covers_mappings(arenas: &[Range<u64>], mappings: &[Mapping], notes: &mut Vec<
         );
     }
     inside
-}
-
-/// glibc malloc arenas: 64 MiB-aligned runs whose first page holds a
-/// `heap_info` header.
-fn c_heaps(mappings: &[Mapping], mem: Option<&ProcessMemory>) -> Vec<Range<u64>> {
-    let Some(mem) = mem else {
-        return Vec::new();
-    };
-    layout::arena_runs(mappings, &|_| false)
-        .into_iter()
-        .filter(|run| run.end - run.start == HEAP_ARENA_BYTES)
-        .filter(|run| {
-            let Some(first) = mappings.iter().find(|m| m.start == run.start) else {
-                return false;
-            };
-            if !first.writable {
-                return false;
-            }
-            // A header in swap is not read: the run then counts as Go's.
-            let Ok(w) = mem.u64s(run.start, 4) else {
-                return false;
-            };
-            layout::is_glibc_heap_header([w[0], w[1], w[2], w[3]], first.size())
-        })
-        .collect()
 }
 
 fn arena_summary(ctx: &Context, mappings: &[Mapping]) -> ArenaSummary {

@@ -35,7 +35,7 @@ use tracer::memory::{
 
 use crate::{
     scenario::{GcSwap, MemCgroup, SwapFile, page_out_ranges, swap_out},
-    support::{GoToolchain, build_workload, go_matrix, newest_go, require_root},
+    support::{GoToolchain, build_workload_env, go_matrix, newest_go, require_root},
 };
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
@@ -184,12 +184,17 @@ fn arena_ranges(pid: u32) -> Vec<(u64, u64)> {
 /// it frozen: `gostw memory --json`, the kernel's smaps, the library with
 /// the mapping layout alone.
 fn run(go: &GoToolchain, variant: &str, page_out: PageOut) -> Run {
-    let flags: &[&str] = if variant == "-stripped" {
-        &["-ldflags=-s -w"]
-    } else {
-        &[]
-    };
-    let path = build_workload("gcswap", go, variant, flags);
+    let mut flags = Vec::new();
+    let mut env = Vec::new();
+    if variant.ends_with("stripped") {
+        flags.push("-ldflags=-s -w");
+    }
+    let cgo = variant.starts_with("-cgo");
+    if cgo {
+        flags.push("-tags=gostwcgo");
+        env.push(("CGO_ENABLED", "1"));
+    }
+    let path = build_workload_env("gcswap", go, variant, &flags, &env);
     let cgroup = MemCgroup::create("gostw-memory");
     if cgroup.is_v1() {
         cgroup.write("memory.limit_in_bytes", &LIMIT.to_string());
@@ -200,6 +205,9 @@ fn run(go: &GoToolchain, variant: &str, page_out: PageOut) -> Run {
     let mut workload = GcSwap::start(&path, ARGS, &[], |pid| cgroup.add(pid));
     let pid = workload.pid;
     workload.gc();
+    if cgo {
+        assert_eq!(workload.ask("cwork", "CWORK "), "CWORK 0");
+    }
     let arenas = (page_out == PageOut::HeapArenas).then(|| arena_ranges(pid));
     let before = HostSwap::snapshot().unwrap();
     match page_out {
@@ -332,7 +340,7 @@ fn check_sources(r: &Run, variant: &str) {
             .unwrap()
             .contains("is in swap (reading it would swap it back in")
     });
-    let want = if variant == "-stripped" || index_in_swap {
+    let want = if variant.ends_with("stripped") || index_in_swap {
         "mapping_layout"
     } else {
         "arena_index"
@@ -483,6 +491,45 @@ fn without_pageout_nothing_is_swapped_and_no_advice() {
     check_sources(&r, "");
     assert_eq!(class(&r.report, "heap_arenas")["source"], "arena_index");
     check_cgroup(&r, GroupSwap::Zero);
+}
+
+/// A cgo build that makes C allocations (an mmap'd malloc chunk, malloc
+/// arenas, a C thread): they are "other", not Go's, so the heap arenas and
+/// GC metadata still agree with runtime/metrics, with DWARF and stripped.
+#[test]
+fn c_memory_of_a_cgo_program_is_not_counted_as_go() {
+    require_root();
+    let matrix = go_matrix();
+    let oldest = matrix
+        .iter()
+        .min_by_key(|g| g.major_minor())
+        .unwrap()
+        .clone();
+    for go in [oldest, newest_go()] {
+        for variant in ["-cgo", "-cgo-stripped"] {
+            eprintln!("== Go {}{variant}", go.version);
+            let r = run(&go, variant, PageOut::Nothing);
+            assert_eq!(r.report["exposure"]["c_runtime"], true);
+            check_against_runtime_metrics(&r);
+            check_sources(&r, variant);
+            let other = class(&r.report, "other");
+            let part = |name: &str| {
+                other["parts"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|p| p["name"] == name)
+                    .unwrap_or_else(|| panic!("no part {name:?} in {other}"))
+                    .clone()
+            };
+            // The workload's 8 MiB malloc, written through.
+            let chunks = part("C malloc mmap'd chunks (glibc)");
+            assert!(n(&chunks, "resident_bytes") >= 8 << 20, "{chunks}");
+            // Its C thread, and the runtime's threads (pthreads under cgo).
+            assert!(n(&part("C thread stacks"), "mapped_bytes") >= 8 << 20);
+            assert!(n(&part("C malloc arenas (glibc)"), "resident_bytes") > 0);
+        }
+    }
 }
 
 /// Only the heap arenas paged out: the runtime's index is still resident
