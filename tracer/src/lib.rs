@@ -12,6 +12,7 @@ pub mod formats;
 pub mod image;
 pub mod inspect;
 pub mod kernel;
+pub mod memory;
 pub mod sink;
 pub mod stackgrowth;
 pub mod targets;

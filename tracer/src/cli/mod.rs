@@ -3,6 +3,7 @@
 
 pub mod attach;
 pub mod faults;
+pub mod memory;
 pub mod run;
 pub mod stacks;
 

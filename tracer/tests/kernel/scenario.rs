@@ -154,15 +154,8 @@ pub fn swap_out(pid: u32, cgroup: &MemCgroup) -> u64 {
 /// Push every private, writable, anonymous mapping of `pid` to swap with
 /// `process_madvise(MADV_PAGEOUT)`. Returns the bytes advised.
 pub fn page_out(pid: u32) -> u64 {
-    // SAFETY: plain syscalls; the iovec points at a live local.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
-    assert!(
-        pidfd >= 0,
-        "pidfd_open({pid}): {}",
-        std::io::Error::last_os_error()
-    );
     let maps = fs::read_to_string(format!("/proc/{pid}/maps")).expect("reading maps");
-    let mut total = 0u64;
+    let mut ranges = Vec::new();
     for line in maps.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         let (Some(range), Some(perms)) = (f.first(), f.get(1)) else {
@@ -176,10 +169,26 @@ pub fn page_out(pid: u32) -> u64 {
             continue;
         }
         let (s, e) = range.split_once('-').unwrap();
-        let (s, e) = (
+        ranges.push((
             u64::from_str_radix(s, 16).unwrap(),
             u64::from_str_radix(e, 16).unwrap(),
-        );
+        ));
+    }
+    page_out_ranges(pid, &ranges)
+}
+
+/// Push the memory of `pid` in `ranges` (start, end) to swap with
+/// `process_madvise(MADV_PAGEOUT)`. Returns the bytes advised.
+pub fn page_out_ranges(pid: u32, ranges: &[(u64, u64)]) -> u64 {
+    // SAFETY: plain syscalls; the iovec points at a live local.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    assert!(
+        pidfd >= 0,
+        "pidfd_open({pid}): {}",
+        std::io::Error::last_os_error()
+    );
+    let mut total = 0u64;
+    for &(s, e) in ranges {
         let iov = libc::iovec {
             iov_base: s as *mut libc::c_void,
             iov_len: (e - s) as usize,
@@ -263,6 +272,13 @@ impl GcSwap {
                 return line.trim_end().to_owned();
             }
         }
+    }
+
+    /// Send `cmd` and return the first line of the reply that starts with
+    /// `reply` (e.g. "metrics" -> the "METRICS {...}" line).
+    pub fn ask(&mut self, cmd: &str, reply: &str) -> String {
+        writeln!(self.stdin.as_mut().unwrap(), "{cmd}").unwrap();
+        self.expect_line(reply)
     }
 
     /// Run one GC and wait for it to finish.
