@@ -510,7 +510,7 @@ fn neighbour_pressure_faults_agree_with_majflt() {
 /// Start the real gostw with `args` (stdout piped) and wait until its
 /// standard error says `ready`. The returned reader keeps stderr open, so
 /// gostw's later messages do not hit a closed pipe.
-fn start_gostw(
+pub fn start_gostw(
     args: &[&str],
     ready: &str,
 ) -> (

@@ -30,10 +30,12 @@ use std::{
 
 use serde_json::Value;
 use tracer::memory::{
-    Exposure, HostSwap, MemoryClass, ReadOptions, mheap::ARENA_L2_ENTRIES, page_size, render,
+    AdviceKind, Evidence, Exposure, HostSwap, MemoryClass, PauseEvidence, ReadOptions, advice,
+    mheap::ARENA_L2_ENTRIES, page_size, render, render_advice,
 };
 
 use crate::{
+    faults::start_gostw,
     scenario::{GcSwap, MemCgroup, SwapFile, page_out_ranges, swap_out},
     support::{GoToolchain, build_workload_env, go_matrix, newest_go, require_root},
 };
@@ -566,6 +568,109 @@ fn heap_only_pageout_is_all_heap_and_gives_no_metadata_advice() {
     check_against_runtime_metrics(&r);
     check_sources(&r, "");
     check_cgroup(&r, GroupSwap::AtMostProcess);
+}
+
+/// The pause evidence of `gostw attach --json` pause records of `pid`.
+fn pause_evidence(stdout: &[u8], pid: u32) -> PauseEvidence {
+    let mut p = PauseEvidence {
+        swap_in_faults_in_pauses: Some(0),
+        file_faults_in_pauses: Some(0),
+        ..PauseEvidence::default()
+    };
+    for line in String::from_utf8_lossy(stdout).lines() {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        if v["type"] != "pause" || v["pid"] != pid {
+            continue;
+        }
+        let d = n(&v, "duration_ns");
+        let f = &v["faults"]["all"];
+        p.pauses += 1;
+        p.pause_ns += d;
+        p.faults_in_pauses += n(f, "faults");
+        p.pauses_with_faults += u64::from(n(f, "faults") > 0);
+        p.fault_ns_in_pauses += n(f, "fault_ns");
+        *p.swap_in_faults_in_pauses.as_mut().unwrap() += n(f, "swap_in");
+        *p.file_faults_in_pauses.as_mut().unwrap() += n(f, "file_backed");
+        if d > p.worst_pause_ns {
+            p.worst_pause_ns = d;
+            p.worst_pause_fault_ns = n(f, "fault_ns");
+        }
+    }
+    p
+}
+
+/// The advice as the tracing engine will give it: the exposure read after
+/// a page-out, the pauses `gostw attach` measured over the following GCs,
+/// and the host's swap traffic over the trace. Both the GC metadata and the
+/// pause items appear and cite the measured numbers.
+#[test]
+fn a_traced_pageout_gives_metadata_and_pause_advice() {
+    require_root();
+    let _swap = SwapFile::create("memory", 1);
+    let cgroup = MemCgroup::create("gostw-memory-trace");
+    let path = build_workload_env("gcswap", &newest_go(), "", &[], &[]);
+    let mut workload = GcSwap::start(&path, ARGS, &[], |pid| cgroup.add(pid));
+    let pid = workload.pid;
+    let (gostw, _stderr) = start_gostw(
+        &["attach", "--json", "--pid", &pid.to_string()],
+        "tracing pid",
+    );
+    let start = HostSwap::snapshot().unwrap();
+    let mut exposure = None;
+    for _ in 0..3 {
+        swap_out(pid, &cgroup);
+        exposure = Some(Exposure::read(pid).unwrap());
+        workload.gc();
+    }
+    let end = HostSwap::snapshot().unwrap();
+    let _ = workload.quit();
+    let out = gostw.wait_with_output().expect("waiting for gostw");
+    assert!(
+        out.status.success(),
+        "gostw attach failed: {:?}",
+        out.status
+    );
+    let pauses = pause_evidence(&out.stdout, pid);
+    let host = HostSwap::delta(&start, &end);
+    // The GCs read the swapped pages back.
+    assert!(host.pswpin + host.swpin_zero > 0, "{host:?}");
+    let exposure = exposure.unwrap();
+    let evidence = Evidence {
+        host_swap: Some(host),
+        pauses: Some(pauses),
+        ..Evidence::default()
+    };
+    let items = advice(&exposure, &evidence);
+    eprintln!("{pauses:?}\n{}", render_advice(&items));
+    let kinds: Vec<AdviceKind> = items.iter().map(|a| a.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![AdviceKind::GcMetadataSwapped, AdviceKind::PauseFaults]
+    );
+    let meta_swapped = exposure.class(MemoryClass::GcMetadata).usage.swapped_bytes;
+    assert!(items[0].evidence.contains(&format!(
+        "{} of GC metadata in swap",
+        render::bytes(meta_swapped)
+    )));
+    assert!(
+        items[0].evidence.contains("per fault measured in pauses"),
+        "{}",
+        items[0].evidence
+    );
+    assert!(
+        items[0].evidence.contains("pages/s swapped in"),
+        "{}",
+        items[0].evidence
+    );
+    assert!(
+        items[1].evidence.contains(&format!(
+            "{} of {} pauses had major faults ({} faults)",
+            pauses.pauses_with_faults, pauses.pauses, pauses.faults_in_pauses
+        )),
+        "{}",
+        items[1].evidence
+    );
+    assert!(pauses.pauses_with_faults >= 3, "{pauses:?}");
 }
 
 fn assert_fails(args: &[&str], wanted: &[&str]) {
