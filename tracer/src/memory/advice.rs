@@ -8,7 +8,7 @@ use super::{
     Exposure, HostSwapDelta,
     cgroup::{CgroupMemory, CgroupVersion, Limit},
     classes::MemoryClass,
-    render::{bytes, ms, pct},
+    render::{bytes, ms, pct, short_duration},
 };
 use crate::stackgrowth::recommend::{
     NEGLIGIBLE_COPIED_BYTES_PER_SEC, NEGLIGIBLE_CPU_SHARE, NEGLIGIBLE_GROWTHS_PER_SEC,
@@ -156,7 +156,7 @@ fn metadata_swapped(e: &Exposure, ev: &Evidence) -> Option<Advice> {
         evidence += &format!(
             ", about {} at the {} per fault measured in pauses",
             ms(per_fault.saturating_mul(reads.faults_at_least)),
-            ms(per_fault)
+            short_duration(per_fault)
         );
     }
     let heap = e.class(MemoryClass::HeapArenas);
@@ -272,11 +272,15 @@ fn metadata_actions(e: &Exposure) -> Vec<String> {
             bytes(l)
         ));
     }
-    if limit.is_none() {
-        a.push(format!(
-            "no memory limit applies, so the host's reclaim swapped it: lower vm.swappiness (now {}), or run the process in a memory cgroup with swap off for it (v2 memory.swap.max=0, v1 memory.swappiness=0)",
-            e.host.swappiness.map_or("?".into(), |s| s.to_string())
-        ));
+    let host_swappiness = e.host.swappiness.map_or("?".into(), |s| s.to_string());
+    match (group, limit) {
+        (None, _) => a.push(format!(
+            "run the process in a memory cgroup with swap off for it (v2 memory.swap.max=0, v1 memory.swappiness=0), or lower the host's vm.swappiness (now {host_swappiness}): no group limit applies, so the host's own reclaim swapped it"
+        )),
+        (Some(_), None) => a.push(format!(
+            "lower the host's vm.swappiness (now {host_swappiness}): the group has no memory limit, so the host's own reclaim swapped it"
+        )),
+        _ => {}
     }
     if a.is_empty() {
         a.push("turn swap off for the process's cgroup, or give it more memory".into());

@@ -175,6 +175,12 @@ fn swapped_metadata_without_a_limit_points_at_the_host() {
         ..Evidence::default()
     };
     let a = &advice(&e, &ev)[0];
+    assert!(
+        a.action
+            .contains("run the process in a memory cgroup with swap off"),
+        "{}",
+        a.action
+    );
     assert!(a.action.contains("vm.swappiness (now 60)"), "{}", a.action);
     assert!(
         a.evidence.contains("200 pages/s swapped in"),
@@ -199,6 +205,31 @@ fn pauses(pause_ms: u64, fault_ms: u64) -> PauseEvidence {
 }
 
 #[test]
+fn a_group_without_a_limit_gets_group_and_host_actions() {
+    let mut group = v1_group(10 << 20, 0);
+    group.limit = Some(Limit::Max);
+    group.effective_limit = Some(Limit::Max);
+    let e = exposure(1 << 20, 0, Some(group));
+    let a = &advice(&e, &Evidence::default())[0];
+    assert!(
+        a.action.contains("memory.swappiness=0 for /svc"),
+        "{}",
+        a.action
+    );
+    assert!(
+        a.action.contains("the group has no memory limit"),
+        "{}",
+        a.action
+    );
+    assert!(
+        !a.action.contains("memsw"),
+        "no limit to match: {}",
+        a.action
+    );
+    assert!(!a.action.contains("GOMEMLIMIT"), "{}", a.action);
+}
+
+#[test]
 fn pause_faults_over_the_threshold_say_how_much() {
     let e = exposure(2 << 20, 0, None);
     let ev = Evidence {
@@ -210,7 +241,7 @@ fn pause_faults_over_the_threshold_say_how_much() {
     // The metadata item uses the measured time per fault: 0.1 ms x 64.
     assert!(
         a[0].evidence
-            .contains("about 6.4 ms at the 0.1 ms per fault"),
+            .contains("about 6.4 ms at the 100 us per fault"),
         "{}",
         a[0].evidence
     );

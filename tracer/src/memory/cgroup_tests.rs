@@ -1,7 +1,8 @@
 //! Cgroup parsing on captured files: v1 as this machine's kernel (6.18, v1
 //! memory controller mounted) writes them, v2 in the formats of the kernel's
-//! cgroup-v2 interface files (these machines do not mount v2 memory; the VM
-//! suite reads v2 for real).
+//! cgroup-v2 interface files, as Debian's 6.1 writes them in the VM suite
+//! (these machines do not mount v2 memory; the VM's memory tests read v2
+//! for real).
 
 use std::{collections::HashMap, path::Path};
 

@@ -28,6 +28,15 @@ pub fn ms(ns: u64) -> String {
     format!("{:.1} ms", ns as f64 / 1e6)
 }
 
+/// ns -> "60 us" under a millisecond, else "12.3 ms".
+pub fn short_duration(ns: u64) -> String {
+    if ns < 1_000_000 {
+        format!("{} us", ns / 1000)
+    } else {
+        ms(ns)
+    }
+}
+
 /// 0.123 -> "12.3%".
 pub fn pct(share: f64) -> String {
     format!("{:.1}%", share * 100.0)
@@ -201,6 +210,8 @@ mod tests {
         assert_eq!(bytes(1536), "1.5 KiB");
         assert_eq!(bytes(64 << 20), "64.0 MiB");
         assert_eq!(ms(1_250_000), "1.2 ms");
+        assert_eq!(short_duration(60_460), "60 us");
+        assert_eq!(short_duration(2_500_000), "2.5 ms");
         assert_eq!(pct(0.125), "12.5%");
     }
 }

@@ -33,13 +33,20 @@ use crate::{
 /// all of them run, except the fault tests that need the host's cgroup v1
 /// memory controller or several Go versions: the VM runs the kprobe fault
 /// backend end to end (page-out scenario) and the tracepoint backend's
-/// control run (attach and verifier on the distro kernel).
+/// control run (attach and verifier on the distro kernel). The memory
+/// exposure tests run there too, for cgroup v2's memory controller, except
+/// the cgo one (the guest has no C library).
 pub const VM_TESTS: &[&str] = &[
     "stw_probe::",
     "vm_env::",
     "faults::kprobe_backend_",
     "faults::without_pageout_",
     "backend_agreement::",
+    "memory::pageout_",
+    "memory::without_pageout_",
+    "memory::heap_only_",
+    "memory::a_traced_pageout_",
+    "memory::bad_gone_",
 ];
 
 /// Kernel tests that only the VM can run (they need kprobes or swap, which

@@ -30,7 +30,11 @@ pub const SWAP_MODULES: &[&str] = &["virtio_pci", "virtio_blk"];
 /// `go build` arguments). This mirrors the `build_workload(name, go, variant,
 /// args)` calls of tracer/tests/kernel: a test that builds a new variant adds
 /// it here, or it fails in the VM naming the missing file.
-pub const WORKLOAD_VARIANTS: &[(&str, &[&str])] = &[("", &[]), ("-pie", &["-buildmode=pie"])];
+pub const WORKLOAD_VARIANTS: &[(&str, &[&str])] = &[
+    ("", &[]),
+    ("-pie", &["-buildmode=pie"]),
+    ("-stripped", &["-ldflags=-s -w"]),
+];
 
 /// Where the guest finds the pre-built workloads
 /// (`GOSTW_PREBUILT_WORKLOADS`: `<dir>/<go version>/<workload><variant>`).
