@@ -314,12 +314,12 @@ fn compressed_debug_sections_are_inflated() {
     chdr.extend_from_slice(&(payload.len() as u64).to_le_bytes());
     chdr.extend_from_slice(&1u64.to_le_bytes());
     chdr.extend_from_slice(&z);
-    let image = image::Image::parse(elf(&[
+    let image = image::Image::parse(mapped::FileBytes::Owned(elf(&[
         (".zdebug_info", 1, 0, &gnu),
         (".debug_abbrev", 1, 0x800, &chdr),
         (".debug_line", 1, 0, b"plain"),
         (".debug_str", 1, 0x800, b"not a compressed section"),
-    ]))
+    ])))
     .unwrap();
     assert_eq!(image.debug_section(".debug_info"), Some(payload.clone()));
     assert_eq!(image.debug_section(".debug_abbrev"), Some(payload));

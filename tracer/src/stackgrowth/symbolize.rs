@@ -8,7 +8,7 @@ use std::{path::Path, sync::Arc};
 
 use object::{Object as _, ObjectSymbol as _, elf, read::elf::ProgramHeader as _};
 
-use crate::binary::{GoBinary, Pclntab};
+use crate::binary::{Allglen, AllglenSource, FileBytes, GoBinary, Image, Pclntab};
 
 /// One symbolized code location.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -86,28 +86,53 @@ pub struct ElfSymbols {
     /// is linked at.
     link_base: u64,
     /// The file, for reading function prologues.
-    data: Vec<u8>,
+    data: FileData,
     /// Executable PT_LOADs: (vaddr, filesz, file offset).
     exec_segments: Vec<(u64, u64, u64)>,
-    /// Link-time address of the `runtime.allglen` variable.
-    allglen: Option<u64>,
+    /// Where `runtime.allglen` is (link-time addresses).
+    allglen: Option<Allglen>,
+}
+
+/// The bytes of the executable: its own (mapped by `ElfSymbols::open`), or
+/// the mapping of an analysed Go binary (shared, not copied).
+enum FileData {
+    Own(FileBytes),
+    Shared(Arc<Image>),
+}
+
+impl FileData {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            FileData::Own(b) => b,
+            FileData::Shared(image) => &image.data,
+        }
+    }
 }
 
 impl ElfSymbols {
-    /// Read the function symbols of the executable at `path`.
+    /// Read the function symbols of the executable at `path` (mapped).
     pub fn open(path: &Path) -> anyhow::Result<ElfSymbols> {
-        let data = std::fs::read(path)?;
-        Self::parse(data)
+        Self::from_file_bytes(FileBytes::map(path)?)
     }
 
     /// Parse an ELF image.
     pub fn parse(data: Vec<u8>) -> anyhow::Result<ElfSymbols> {
+        Self::from_file_bytes(FileBytes::Owned(data))
+    }
+
+    fn from_file_bytes(data: FileBytes) -> anyhow::Result<ElfSymbols> {
         let file = object::read::elf::ElfFile64::<object::Endianness>::parse(&*data)?;
         let functions = crate::symbolize::elf_text_symbols(&file);
-        let allglen = file
-            .symbols()
-            .find(|s| s.name() == Ok("runtime.allglen"))
-            .map(|s| s.address());
+        let symbol = |name: &str| {
+            file.symbols()
+                .find(|s| s.name() == Ok(name))
+                .map(|s| s.address())
+        };
+        let allglen = symbol("runtime.allglen").map(|address| Allglen {
+            address,
+            allgs_len: symbol("runtime.allgs").map(|a| a + 8),
+            source: AllglenSource::Symtab,
+        });
         let endian = file.endian();
         let link_base = file
             .elf_program_headers()
@@ -127,10 +152,50 @@ impl ElfSymbols {
             functions,
             bias: 0,
             link_base,
-            data,
+            data: FileData::Own(data),
             exec_segments,
             allglen,
         })
+    }
+
+    /// The symbols of an analysed Go binary, sharing its mapped file: the
+    /// `.symtab` functions outside the Go code that `pclntab` covers (`go`
+    /// ranges: C code of a cgo binary), and `runtime.allglen` as
+    /// `GoBinary::allglen` finds it (stripped binaries too).
+    pub fn from_binary(binary: &GoBinary, go: Option<(u64, u64)>) -> ElfSymbols {
+        let image = binary.image().clone();
+        let outside_go = |addr: u64| go.is_none_or(|(lo, hi)| addr < lo || addr >= hi);
+        let mut functions: Vec<(u64, u64, String)> = image
+            .symtab
+            .iter()
+            .flat_map(|t| t.iter(&image.data))
+            .filter(|s| s.is_function() && s.value != 0 && outside_go(s.value))
+            .map(|s| {
+                let name = String::from_utf8_lossy(s.name).into_owned();
+                (s.value, s.value + s.size.max(1), name)
+            })
+            .collect();
+        functions.sort();
+        let segments = binary.load_segments();
+        let link_base = segments
+            .iter()
+            .map(|s| s.vaddr.wrapping_sub(s.offset))
+            .min()
+            .unwrap_or(0);
+        let exec_segments = segments
+            .iter()
+            .filter(|s| s.flags & elf::PF_X != 0)
+            .map(|s| (s.vaddr, s.filesz, s.offset))
+            .collect();
+        image.release_all();
+        ElfSymbols {
+            functions,
+            bias: 0,
+            link_base,
+            data: FileData::Shared(image),
+            exec_segments,
+            allglen: binary.allglen(),
+        }
     }
 
     /// Number of function symbols (0 for a stripped binary).
@@ -145,7 +210,18 @@ impl ElfSymbols {
 
     /// The address of `runtime.allglen` in a process (load bias applied).
     pub fn allglen_address(&self) -> Option<u64> {
-        self.allglen.map(|a| a.wrapping_add(self.bias))
+        self.allglen.map(|a| a.address.wrapping_add(self.bias))
+    }
+
+    /// The address of `len(runtime.allgs)` in a process (load bias
+    /// applied), which equals allglen outside `runtime.allgadd`.
+    pub fn allgs_len_address(&self) -> Option<u64> {
+        self.allglen?.allgs_len.map(|a| a.wrapping_add(self.bias))
+    }
+
+    /// Where `runtime.allglen` is and how it was found.
+    pub fn allglen(&self) -> Option<Allglen> {
+        self.allglen
     }
 
     /// Set the load bias from where file offset 0 is mapped in the process.
@@ -195,7 +271,7 @@ impl ElfSymbols {
             .find(|(v, sz, _)| start >= *v && start < v + sz)?;
         let from = usize::try_from(start - vaddr + offset).ok()?;
         let len = usize::try_from((end - start).min(vaddr + filesz - start)).ok()?;
-        let code = self.data.get(from..from.checked_add(len)?)?;
+        let code = self.data.bytes().get(from..from.checked_add(len)?)?;
         super::frames::prologue_max_sp_delta(code, start)
     }
 
@@ -234,16 +310,21 @@ pub struct GoSymbols {
 }
 
 impl GoSymbols {
-    /// Symbols of an analysed binary.
+    /// Symbols of an analysed binary (its mapped file is shared, not read
+    /// again).
     pub fn new(binary: &GoBinary) -> anyhow::Result<GoSymbols> {
         let pclntab = binary.pclntab()?.clone();
         let mut functions: Vec<(u64, u64)> =
             pclntab.functions().map(|(_, e, end)| (e, end)).collect();
         functions.sort_unstable();
+        let go = functions
+            .first()
+            .zip(functions.iter().map(|&(_, end)| end).max())
+            .map(|(&(lo, _), hi)| (lo, hi));
         Ok(GoSymbols {
             pclntab,
             functions,
-            elf: ElfSymbols::open(&binary.path)?,
+            elf: ElfSymbols::from_binary(binary, go),
         })
     }
 
@@ -301,7 +382,7 @@ mod tests {
             functions: vec![(0x1000, 0x1100, "a".into()), (0x1200, 0x1300, "b".into())],
             bias: 0,
             link_base: 0x0,
-            data: Vec::new(),
+            data: FileData::Own(FileBytes::Owned(Vec::new())),
             exec_segments: Vec::new(),
             allglen: None,
         };
