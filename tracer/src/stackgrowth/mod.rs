@@ -3,8 +3,8 @@
 //!
 //! - `probes`: attaching the kernel side (exact: duty-cycled copystack
 //!   uprobe; sampled: per-CPU CPU-clock perf events) and reading its counts.
-//! - `aggregate`: pure aggregation into a `StackGrowthSummary` (serde) with a
-//!   text renderer.
+//! - `aggregate`: pure aggregation into a `StackGrowthSummary` (serde);
+//!   `render`: its text for people.
 //! - `recommend`: the starting-stack recommendation.
 //! - `symbolize`, `frames`: PCs to code locations (pclntab) and frame sizes
 //!   (function prologues); the `Symbolizer` trait is what aggregation sees.
@@ -15,6 +15,7 @@ pub mod frames;
 pub mod goroutines;
 pub mod probes;
 pub mod recommend;
+mod render;
 pub mod symbolize;
 
 pub use aggregate::{SiteSummary, StackGrowthAggregator, StackGrowthSummary};

@@ -4,7 +4,10 @@
 //! stripped binaries) is the one to use, `ElfSymbols` (the ELF `.symtab`:
 //! names only) the fallback it is built on for code bytes and variables.
 
-use std::{path::Path, sync::Arc};
+use std::{
+    path::Path,
+    sync::{Arc, Mutex},
+};
 
 use object::{Object as _, ObjectSymbol as _, elf, read::elf::ProgramHeader as _};
 
@@ -91,6 +94,10 @@ pub struct ElfSymbols {
     exec_segments: Vec<(u64, u64, u64)>,
     /// Where `runtime.allglen` is (link-time addresses).
     allglen: Option<Allglen>,
+    /// Offset of `g.atomicstatus`, for telling dead goroutines apart.
+    g_status: Option<u16>,
+    /// The goroutine-count sampler of the traced process (see `goroutines`).
+    pub(super) walk: Mutex<Option<super::goroutines::Sampler>>,
 }
 
 /// The bytes of the executable: its own (mapped by `ElfSymbols::open`), or
@@ -155,6 +162,8 @@ impl ElfSymbols {
             data: FileData::Own(data),
             exec_segments,
             allglen,
+            g_status: None,
+            walk: Mutex::default(),
         })
     }
 
@@ -195,6 +204,11 @@ impl ElfSymbols {
             data: FileData::Shared(image),
             exec_segments,
             allglen: binary.allglen(),
+            g_status: binary
+                .struct_offsets()
+                .ok()
+                .and_then(|o| o.get("g.atomicstatus")),
+            walk: Mutex::default(),
         }
     }
 
@@ -222,6 +236,16 @@ impl ElfSymbols {
     /// Where `runtime.allglen` is and how it was found.
     pub fn allglen(&self) -> Option<Allglen> {
         self.allglen
+    }
+
+    /// The address of the `runtime.allgs` slice header in a process.
+    pub fn allgs_address(&self) -> Option<u64> {
+        self.allgs_len_address().map(|a| a - 8)
+    }
+
+    /// The offset of `g.atomicstatus`, if known.
+    pub fn g_status_offset(&self) -> Option<u16> {
+        self.g_status
     }
 
     /// Set the load bias from where file offset 0 is mapped in the process.
@@ -385,6 +409,8 @@ mod tests {
             data: FileData::Own(FileBytes::Owned(Vec::new())),
             exec_segments: Vec::new(),
             allglen: None,
+            g_status: None,
+            walk: Mutex::default(),
         };
         assert_eq!(s.symbolize(0x1050).unwrap().function, "a");
         assert!(s.symbolize(0x1150).is_none());
