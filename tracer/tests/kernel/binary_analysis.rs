@@ -859,9 +859,13 @@ fn inspect_cli_reports_json_and_fails_cleanly_on_bad_input() {
         "functions",
         "struct_offsets",
         "fault_backend",
+        "version_source",
+        "allglen",
     ] {
         assert!(v.get(key).is_some(), "JSON lacks {key}: {v}");
     }
+    assert_eq!(v["version_source"], "buildinfo");
+    assert_eq!(v["allglen"]["source"], "allgadd_code");
     let start = &v["functions"][START_THE_WORLD];
     assert!(start["address"].as_u64().unwrap() > 0);
     assert!(!start["ret_file_offsets"].as_array().unwrap().is_empty());
@@ -872,6 +876,47 @@ fn inspect_cli_reports_json_and_fails_cleanly_on_bad_input() {
     ));
     let (ok, human, _) = gostw_inspect(&[exe.path.to_str().unwrap()]);
     assert!(ok && human.contains(START_THE_WORLD) && human.contains("fault backend"));
+    // Words for people, not Rust enum names.
+    for word in [
+        "version from .go.buildinfo",
+        "Go 1.20+ format",
+        "  DWARF\n",
+        "symtab\n",
+    ] {
+        assert!(human.contains(word), "{word:?} missing from:\n{human}");
+    }
+    let (ok, human, _) = gostw_inspect(&[sibling(newest, "nobuildinfo-stripped")
+        .path
+        .to_str()
+        .unwrap()]);
+    assert!(ok, "{human}");
+    for word in [
+        "version from runtime.buildVersion (the string runtime.schedinit checks)",
+        "runtime type descriptors\n",
+        "version table\n",
+        "pclntab\n",
+        "from runtime.allgadd's code",
+    ] {
+        assert!(human.contains(word), "{word:?} missing from:\n{human}");
+    }
+    for enum_name in [
+        "Pclntab",
+        "Symtab",
+        "TypeDescriptors",
+        "VersionTable",
+        "Dwarf",
+        "Tracepoint",
+        "Kprobe",
+        "Go120",
+    ] {
+        assert!(!human.contains(enum_name), "{enum_name} in:\n{human}");
+    }
+    assert!(
+        human.contains("fault backend: tracepoints + perf events")
+            || human.contains("fault backend: kprobes")
+            || human.contains("fault backend: none"),
+        "{human}"
+    );
 
     let tmp = std::env::temp_dir().join(format!("gostw-bad-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
@@ -1404,4 +1449,71 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     let mut raw = String::new();
     std::io::Read::read_to_string(&mut s, &mut raw).ok()?;
     raw.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+}
+
+/// Every key `gostw inspect --json` prints, at every depth (function and
+/// struct-offset names included), is documented in README's inspect schema:
+/// for a plain, a stripped, a stripped buildinfo-less and an arm64 binary,
+/// and for a running process (`--pid`).
+#[test]
+fn inspect_json_keys_are_documented_in_readme() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let start = readme
+        .find("### JSON schema (`schema_version` 1)")
+        .expect("README has the inspect JSON schema");
+    let section = &readme[start..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+    // Words inside backticks: `key`, `{address, size}`, `"value"`.
+    let documented: std::collections::BTreeSet<String> = section
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .flat_map(|code| {
+            code.split(|c: char| !(c.is_alphanumeric() || "._".contains(c)))
+                .filter(|w| !w.is_empty())
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    fn keys(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    out.push(format!("{path}{k}"));
+                    keys(v, &format!("{path}{k}/"), out);
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| keys(v, path, out)),
+            _ => {}
+        }
+    }
+    let newest = builds().last().unwrap();
+    let mut seen = Vec::new();
+    for variant in ["exe", "stripped", "nobuildinfo-stripped", "arm64-stripped"] {
+        let b = sibling(newest, variant);
+        let (ok, stdout, stderr) = gostw_inspect(&["--json", b.path.to_str().unwrap()]);
+        assert!(ok, "{}: {stderr}", b.label());
+        keys(&serde_json::from_str(&stdout).unwrap(), "", &mut seen);
+    }
+    let exe = sibling(newest, "exe");
+    let (child, _) = start_waiting(&exe.path, &[]);
+    let (ok, stdout, stderr) = gostw_inspect(&["--json", "--pid", &child.id().to_string()]);
+    stop(child);
+    assert!(ok, "--pid: {stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(v["process"].is_object(), "{v}");
+    keys(&v, "", &mut seen);
+    seen.sort();
+    seen.dedup();
+    let missing: Vec<&String> = seen
+        .iter()
+        .filter(|path| !documented.contains(path.rsplit('/').next().unwrap()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "keys of gostw inspect --json missing from README's schema: {missing:?}"
+    );
+    eprintln!("{} JSON keys of gostw inspect are documented", seen.len());
 }
