@@ -6,13 +6,13 @@ use std::{fmt::Write as _, path::PathBuf};
 
 use crate::{
     binary::{
-        BinaryError, FunctionSource, GoBinary, GoFunction, PROBED_FUNCTIONS, PclnFormat,
-        StructOffsets,
+        Allglen, AllglenSource, BinaryError, FunctionSource, GoBinary, GoFunction, OffsetSource,
+        PROBED_FUNCTIONS, PclnFormat, StructOffsets, VersionSource,
         offsets::FIELDS,
         running::{self, ProcessExe},
     },
     image::ProcessImage,
-    kernel::capabilities::{self, BackendChoice},
+    kernel::capabilities::{self, BackendChoice, FaultBackend},
 };
 
 /// Arguments of `gostw inspect`.
@@ -36,6 +36,8 @@ pub struct InspectReport {
     pub path: PathBuf,
     pub process: Option<ProcessReport>,
     pub go_version: String,
+    /// Where the version was found (`.go.buildinfo`, else runtime.buildVersion).
+    pub version_source: VersionSource,
     pub arch: crate::binary::Arch,
     pub pie: bool,
     pub has_symtab: bool,
@@ -47,6 +49,9 @@ pub struct InspectReport {
     /// Every probed function by name; `null` if the binary lacks it.
     pub functions: std::collections::BTreeMap<String, Option<FunctionReport>>,
     pub struct_offsets: StructOffsets,
+    /// `runtime.allglen` (the peak goroutine count stack growth estimates
+    /// memory for); `null` if it cannot be found.
+    pub allglen: Option<Allglen>,
     pub fault_backend: BackendChoice,
 }
 
@@ -139,6 +144,7 @@ pub fn inspect(
         path: binary.path.clone(),
         process,
         go_version: binary.version_string.clone(),
+        version_source: binary.version_source,
         arch: binary.arch,
         pie: binary.pie,
         has_symtab: binary.has_symtab,
@@ -149,6 +155,7 @@ pub fn inspect(
         pclntab,
         functions,
         struct_offsets,
+        allglen: binary.allglen(),
         fault_backend: capabilities::detect().report(),
     })
 }
@@ -184,6 +191,7 @@ pub fn human(r: &InspectReport) -> String {
         yes_no(r.has_symtab),
         yes_no(r.has_dwarf)
     );
+    let _ = writeln!(s, "  version from {}", r.version_source);
     let _ = writeln!(
         s,
         "  build id     Go {} / GNU {}",
@@ -193,10 +201,27 @@ pub fn human(r: &InspectReport) -> String {
     if let Some(p) = &r.pclntab {
         let _ = writeln!(
             s,
-            "  pclntab      {:?} format, {} functions, text at {:#x}",
-            p.format, p.functions, p.text_start
+            "  pclntab      {} format, {} functions, text at {:#x}",
+            pcln_format(p.format),
+            p.functions,
+            p.text_start
         );
     }
+    let _ = match &r.allglen {
+        Some(a) => writeln!(
+            s,
+            "  goroutines   runtime.allglen at {:#x} ({})",
+            a.address,
+            match a.source {
+                AllglenSource::Symtab => "symbol table",
+                AllglenSource::AllgaddCode => "from runtime.allgadd's code",
+            }
+        ),
+        None => writeln!(
+            s,
+            "  goroutines   runtime.allglen not found: stack growth memory estimates need --goroutines"
+        ),
+    };
     let _ = writeln!(
         s,
         "\nfunctions (address, file offset, RET file offsets, source)"
@@ -211,11 +236,14 @@ pub fn human(r: &InspectReport) -> String {
                     .collect();
                 let _ = writeln!(
                     s,
-                    "  {name:<32} {:#10x}  {:#9x}  [{}]  {:?}",
+                    "  {name:<32} {:#10x}  {:#9x}  [{}]  {}",
                     f.address,
                     f.file_offset,
                     rets.join(" "),
-                    f.source
+                    match f.source {
+                        FunctionSource::Symtab => "symtab",
+                        FunctionSource::Pclntab => "pclntab",
+                    }
                 );
             }
             None => {
@@ -227,7 +255,12 @@ pub fn human(r: &InspectReport) -> String {
     for name in FIELDS {
         match r.struct_offsets.fields.get(name) {
             Some(o) => {
-                let _ = writeln!(s, "  {name:<52} {:>4}  {:?}", o.value, o.source);
+                let _ = writeln!(
+                    s,
+                    "  {name:<52} {:>4}  {}",
+                    o.value,
+                    offset_source(o.source)
+                );
             }
             None => {
                 let _ = writeln!(s, "  {name:<52}    -  unknown");
@@ -236,8 +269,31 @@ pub fn human(r: &InspectReport) -> String {
     }
     let _ = writeln!(
         s,
-        "\nfault backend: {:?}\n  {}",
-        r.fault_backend.backend, r.fault_backend.reason
+        "\nfault backend: {}\n  {}",
+        match r.fault_backend.backend {
+            FaultBackend::Kprobe => "kprobes",
+            FaultBackend::Tracepoint => "tracepoints + perf events",
+            FaultBackend::None => "none",
+        },
+        r.fault_backend.reason
     );
     s
+}
+
+/// A function-table format for people.
+fn pcln_format(f: PclnFormat) -> &'static str {
+    match f {
+        PclnFormat::Go116 => "Go 1.16-1.17",
+        PclnFormat::Go118 => "Go 1.18-1.19",
+        PclnFormat::Go120 => "Go 1.20+",
+    }
+}
+
+/// Where a struct offset came from, for people.
+fn offset_source(s: OffsetSource) -> &'static str {
+    match s {
+        OffsetSource::Dwarf => "DWARF",
+        OffsetSource::TypeDescriptors => "runtime type descriptors",
+        OffsetSource::VersionTable => "version table",
+    }
 }

@@ -17,6 +17,8 @@ use crate::{
 const APT_PACKAGES: &[&str] = &[
     "golang-1.19-go",
     "gcc",
+    // objcopy for arm64 (the binary analysis tests remove .go.buildinfo).
+    "binutils-aarch64-linux-gnu",
     "bpftrace",
     "bpftool",
     "prometheus",

@@ -10,6 +10,10 @@
 //	         channel: one growth per worker
 //	preempt  CPU-bound goroutines with shallow stacks, preempted by the
 //	         scheduler and by a stream of GCs: no growth to speak of
+//	server   an HTTP server on loopback (a goroutine per connection) whose
+//	         handler runs the task, and -clients goroutines requesting
+//	         without keep-alive; the peak goroutine count is sampled every
+//	         millisecond (GC on, as in a real server)
 //
 // The GC is off in batch and pool modes (debug.SetGCPercent(-1)), so the
 // runtime's adaptive starting stack size stays at 2 KB and nothing shrinks:
@@ -21,6 +25,9 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -166,6 +173,56 @@ func runPreempt(spinners int, d time.Duration) {
 	runtime.KeepAlive(garbage)
 }
 
+func runServer(clients int, d time.Duration) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	var served atomic.Int64
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A connection per request (no keep-alive): a goroutine per request.
+		deepGoroutines.Add(1)
+		fmt.Fprint(w, task(int(served.Add(1))))
+	})}
+	go srv.Serve(ln)
+	stop := make(chan struct{})
+	go func() {
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				notePeak()
+			}
+		}
+	}()
+	url := "http://" + ln.Addr().String() + "/"
+	deadline := time.Now().Add(d)
+	var wg sync.WaitGroup
+	wg.Add(clients)
+	for c := 0; c < clients; c++ {
+		goroutines.Add(1)
+		go func() {
+			defer wg.Done()
+			client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+			for time.Now().Before(deadline) {
+				resp, err := client.Get(url)
+				if err != nil {
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	srv.Close()
+}
+
 func readMetric(name string) int64 {
 	s := []metrics.Sample{{Name: name}}
 	metrics.Read(s)
@@ -181,10 +238,11 @@ func main() {
 	batch := flag.Int("batch", 64, "goroutines started at a time (batch)")
 	workers := flag.Int("workers", 4, "worker goroutines (pool)")
 	spinners := flag.Int("spinners", 8, "CPU-bound goroutines (preempt)")
+	clients := flag.Int("clients", 16, "client goroutines (server)")
 	duration := flag.Duration("duration", 0, "batch/pool: repeat until this much time has passed; preempt: run this long (default 2s)")
 	flag.Parse()
 
-	if *mode != "preempt" {
+	if *mode == "batch" || *mode == "pool" {
 		debug.SetGCPercent(-1)
 	}
 	start := time.Now()
@@ -206,6 +264,13 @@ func main() {
 			d = 2 * time.Second
 		}
 		runPreempt(*spinners, d)
+		rounds = 1
+	case "server":
+		d := *duration
+		if d == 0 {
+			d = 2 * time.Second
+		}
+		runServer(*clients, d)
 		rounds = 1
 	default:
 		fmt.Fprintf(os.Stderr, "unknown mode %q\n", *mode)

@@ -1,4 +1,4 @@
-//! The Go version recorded in `.go.buildinfo`.
+//! The Go version recorded in `.go.buildinfo` (without it, see `buildversion`).
 
 use super::image::Image;
 
@@ -69,12 +69,15 @@ pub(crate) fn version_string(image: &Image) -> Option<String> {
 }
 
 /// The build information (its address and the bytes from there to the end
-/// of its section): the `.go.buildinfo` section, else (no section headers)
-/// the first 16-byte-aligned magic in a writable segment, as Go's own
-/// debug/buildinfo searches.
+/// of its section): the `.go.buildinfo` section, else, in a file without
+/// section headers, the first 16-byte-aligned magic in a writable segment,
+/// as Go's own debug/buildinfo searches (the pages read are released as the
+/// search goes: a segment may hold hundreds of MB of embedded data).
 fn buildinfo(image: &Image) -> Option<(u64, &[u8])> {
+    const WINDOW: usize = 4 << 20;
     let found = match image.section(".go.buildinfo") {
         Some(s) => Some((s.addr, image.section_data(s)?)),
+        None if !image.sections.is_empty() => None,
         None => image
             .segments
             .iter()
@@ -83,10 +86,12 @@ fn buildinfo(image: &Image) -> Option<(u64, &[u8])> {
                 let start = usize::try_from(seg.offset).ok()?;
                 let end = start.checked_add(usize::try_from(seg.filesz).ok()?)?;
                 let bytes = image.data.get(start..end.min(image.data.len()))?;
-                let at = bytes
-                    .chunks(16)
-                    .position(|chunk| chunk.starts_with(MAGIC))?
-                    * 16;
+                let at = bytes.chunks(16).enumerate().position(|(i, chunk)| {
+                    if i > 0 && (i * 16) % WINDOW == 0 {
+                        image.data.release(start + i * 16 - WINDOW, WINDOW);
+                    }
+                    chunk.starts_with(MAGIC)
+                })? * 16;
                 Some((seg.vaddr.wrapping_add(at as u64), bytes.get(at..)?))
             }),
     };

@@ -1,17 +1,16 @@
-//! The ELF file as the rest of the analysis reads it: its bytes, its sections
-//! and loadable segments, and reads at link-time virtual addresses.
+//! The ELF file as the rest of the analysis reads it: its bytes (mapped,
+//! see `mapped`), its sections and loadable segments, and reads at link-time
+//! virtual addresses.
 //!
 //! Every read is bounds-checked and returns `None` past the data: the input
 //! may be truncated, corrupted, or not what it claims to be.
 
-use std::collections::HashMap;
-
 use object::{
-    Object as _, ObjectSymbol as _, elf,
+    Object as _, elf,
     read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _},
 };
 
-use super::Arch;
+use super::{Arch, mapped::FileBytes, symtab::Symtab};
 
 /// One section header.
 #[derive(Clone, Debug)]
@@ -22,6 +21,8 @@ pub(crate) struct Section {
     pub offset: u64,
     pub kind: u32,
     pub flags: u64,
+    /// `sh_link` (for a symbol table: its string table).
+    pub link: u32,
 }
 
 impl Section {
@@ -43,18 +44,16 @@ pub struct Segment {
 
 /// A parsed 64-bit little-endian ELF file.
 pub(crate) struct Image {
-    pub data: Vec<u8>,
+    pub data: FileBytes,
     pub arch: Arch,
     pub pie: bool,
     pub sections: Vec<Section>,
     pub segments: Vec<Segment>,
-    /// `.symtab` entries: name -> (address, size). Empty when stripped.
-    pub symbols: HashMap<String, (u64, u64)>,
-    /// `.symtab` function symbols only (what probes may target).
-    pub functions: HashMap<String, (u64, u64)>,
-    /// Target of each `R_*_RELATIVE` relocation, by the address it patches.
-    /// A PIE's pointers may be stored only there (the file holds 0).
-    relative: HashMap<u64, u64>,
+    /// The symbol table, read in place; `None` when stripped.
+    pub symtab: Option<Symtab>,
+    /// `R_*_RELATIVE` relocations (address patched, target), sorted by
+    /// address. A PIE's pointers may be stored only there (the file holds 0).
+    relative: Vec<(u64, u64)>,
     pub gnu_build_id: Option<String>,
 }
 
@@ -62,7 +61,7 @@ const SHF_COMPRESSED: u64 = 0x800;
 
 impl Image {
     /// Parse `data`; the error says why it is not an ELF file gostw can read.
-    pub fn parse(data: Vec<u8>) -> Result<Image, String> {
+    pub fn parse(data: FileBytes) -> Result<Image, String> {
         let file = object::read::elf::ElfFile64::<object::Endianness>::parse(&*data)
             .map_err(|e| e.to_string())?;
         let endian = file.endian();
@@ -125,6 +124,7 @@ impl Image {
                 offset: sh.sh_offset(endian),
                 kind: sh.sh_type(endian),
                 flags: sh.sh_flags(endian),
+                link: sh.sh_link(endian),
             });
         }
         if let Some((i, _)) = table.iter().enumerate().find(|(_, sh)| {
@@ -139,27 +139,16 @@ impl Image {
                 data.len()
             ));
         }
-        let mut symbols = HashMap::new();
-        let mut functions = HashMap::new();
-        for sym in file.symbols() {
-            let Ok(name) = sym.name() else { continue };
-            if name.is_empty() {
-                continue;
-            }
-            symbols.insert(name.to_owned(), (sym.address(), sym.size()));
-            if sym.kind() == object::SymbolKind::Text {
-                functions.insert(name.to_owned(), (sym.address(), sym.size()));
-            }
-        }
+        let symtab = Symtab::locate(&sections, data.len());
         let gnu_build_id = file.build_id().ok().flatten().map(hex);
+        drop(file);
         let mut image = Image {
             arch,
             pie,
             sections,
             segments,
-            symbols,
-            functions,
-            relative: HashMap::new(),
+            symtab,
+            relative: Vec::new(),
             gnu_build_id,
             data,
         };
@@ -167,13 +156,13 @@ impl Image {
         Ok(image)
     }
 
-    /// The `R_*_RELATIVE` entries of every RELA section.
-    fn relative_relocations(&self) -> HashMap<u64, u64> {
+    /// The `R_*_RELATIVE` entries of every RELA section, sorted.
+    fn relative_relocations(&self) -> Vec<(u64, u64)> {
         let relative_type = match self.arch {
             Arch::Amd64 => elf::R_X86_64_RELATIVE,
             Arch::Arm64 => elf::R_AARCH64_RELATIVE,
         };
-        let mut out = HashMap::new();
+        let mut out = Vec::new();
         for s in self.sections.iter().filter(|s| s.kind == elf::SHT_RELA) {
             let Some(bytes) = self.section_data(s) else {
                 continue;
@@ -183,10 +172,13 @@ impl Image {
                 let r_info = le_u64(&rela[8..16]);
                 let r_addend = le_u64(&rela[16..24]);
                 if (r_info & 0xffff_ffff) as u32 == relative_type {
-                    out.insert(r_offset, r_addend);
+                    out.push((r_offset, r_addend));
                 }
             }
         }
+        out.sort_unstable();
+        // One relocation per address; a corrupted file may repeat one.
+        out.dedup_by_key(|&mut (at, _)| at);
         out
     }
 
@@ -265,9 +257,9 @@ impl Image {
     /// A pointer stored at `vaddr`, as the loader would leave it before
     /// adding the load bias: the relocation's addend where there is one.
     pub fn ptr_at(&self, vaddr: u64) -> Option<u64> {
-        match self.relative.get(&vaddr) {
-            Some(&target) => Some(target),
-            None => self.u64_at(vaddr),
+        match self.relative.binary_search_by_key(&vaddr, |&(at, _)| at) {
+            Ok(i) => Some(self.relative[i].1),
+            Err(_) => self.u64_at(vaddr),
         }
     }
 
@@ -275,8 +267,61 @@ impl Image {
     pub fn relocations_to(&self, target: u64) -> impl Iterator<Item = u64> + '_ {
         self.relative
             .iter()
-            .filter(move |&(_, &t)| t == target)
-            .map(|(&at, _)| at)
+            .filter(move |&&(_, t)| t == target)
+            .map(|&(at, _)| at)
+    }
+
+    /// A `.symtab` symbol called `name`: (address, size).
+    pub fn symbol(&self, name: &str) -> Option<(u64, u64)> {
+        let s = self.symtab?.find(&self.data, name)?;
+        Some((s.value, s.size))
+    }
+
+    /// The first of `names` that is a `.symtab` function: (address, size).
+    pub fn function_symbol(&self, names: &[&str]) -> Option<(u64, u64)> {
+        let mut found: Vec<Option<(u64, u64)>> = vec![None; names.len()];
+        for s in self.symtab?.iter(&self.data).filter(|s| s.is_function()) {
+            if let Some(i) = names.iter().position(|n| n.as_bytes() == s.name) {
+                found[i].get_or_insert((s.value, s.size));
+            }
+        }
+        found.into_iter().flatten().next()
+    }
+
+    /// Call `f` with (address, word) for each aligned 8-byte word of
+    /// `section`, until it returns true; the scanned pages are released
+    /// behind the scan, so a large section never stays resident.
+    pub fn scan_words(&self, section: &Section, mut f: impl FnMut(u64, u64) -> bool) -> bool {
+        const WINDOW: usize = 4 << 20;
+        let Some(bytes) = self.section_data(section) else {
+            return false;
+        };
+        let Some(first) = section.addr.checked_next_multiple_of(8) else {
+            return false;
+        };
+        let skip = usize::try_from(first - section.addr).unwrap_or(usize::MAX);
+        let Some(bytes) = bytes.get(skip..) else {
+            return false;
+        };
+        let start = section.offset as usize + skip;
+        for (w, window) in bytes.chunks(WINDOW).enumerate() {
+            let base = first + (w * WINDOW) as u64;
+            let hit = window
+                .chunks_exact(8)
+                .enumerate()
+                .any(|(i, word)| f(base + i as u64 * 8, le_u64(word)));
+            self.data.release(start + w * WINDOW, window.len());
+            if hit {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Drop this process's references to every page of the file (see
+    /// `mapped`): what analysis touched is not kept resident.
+    pub fn release_all(&self) {
+        self.data.release_all();
     }
 
     /// The file offset of `vaddr` inside an executable segment (what a

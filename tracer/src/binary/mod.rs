@@ -12,19 +12,28 @@
 //! # Ok::<(), tracer::binary::BinaryError>(())
 //! ```
 //!
-//! Sources, in order of preference: functions from `.symtab`, else
-//! `.gopclntab` (always present); struct offsets from DWARF, else the
+//! Sources, in order of preference: the version from `.go.buildinfo`, else
+//! the runtime's `runtime.buildVersion` string; functions from `.symtab`,
+//! else `.gopclntab` (always present); struct offsets from DWARF, else the
 //! runtime's type descriptors (present after `-s -w`), else a per-version
 //! table.
+//!
+//! The file is mapped, not read (see `mapped`): what analysis touches is
+//! page cache, dropped from this process's resident set after each step.
 
+mod allglen;
 mod buildinfo;
+mod buildversion;
+mod coderefs;
 mod dwarf;
 mod image;
+mod mapped;
 mod moduledata;
 pub mod offsets;
 pub mod pclntab;
 mod rets;
 pub mod running;
+mod symtab;
 #[cfg(test)]
 mod tests;
 mod typedesc;
@@ -34,9 +43,12 @@ use std::{
     sync::{Arc, OnceLock},
 };
 
+pub use allglen::{Allglen, AllglenSource};
 pub use buildinfo::GoVersion;
-use image::Image;
+pub use buildversion::VersionSource;
+pub(crate) use image::Image;
 pub use image::Segment;
+pub(crate) use mapped::FileBytes;
 pub use offsets::{OffsetSource, StructOffsets};
 pub use pclntab::{Frame, PclnFormat, Pclntab};
 
@@ -125,6 +137,8 @@ pub struct GoBinary {
     pub version: GoVersion,
     /// The version as the linker wrote it, e.g. "go1.22.10 X:nocoverageredesign".
     pub version_string: String,
+    /// Where the version was found.
+    pub version_source: VersionSource,
     pub has_symtab: bool,
     pub has_dwarf: bool,
     /// Go's build id (`.note.go.buildid`).
@@ -134,20 +148,25 @@ pub struct GoBinary {
     image: Arc<Image>,
     pclntab: Result<Arc<Pclntab>, String>,
     offsets: OnceLock<Result<StructOffsets, String>>,
+    allglen: OnceLock<Option<Allglen>>,
 }
 
 impl GoBinary {
-    /// Read and analyse the executable at `path`.
+    /// Map and analyse the executable at `path`.
     pub fn open(path: &Path) -> Result<GoBinary, BinaryError> {
-        let data = std::fs::read(path).map_err(|source| BinaryError::Read {
+        let data = FileBytes::map(path).map_err(|source| BinaryError::Read {
             path: path.to_owned(),
             source,
         })?;
-        Self::from_bytes(path, data)
+        Self::from_file(path, data)
     }
 
     /// Analyse an executable already in memory; `path` names it in errors.
     pub fn from_bytes(path: &Path, data: Vec<u8>) -> Result<GoBinary, BinaryError> {
+        Self::from_file(path, FileBytes::Owned(data))
+    }
+
+    fn from_file(path: &Path, data: FileBytes) -> Result<GoBinary, BinaryError> {
         let malformed = |reason: String| BinaryError::Malformed {
             path: path.to_owned(),
             reason,
@@ -163,17 +182,25 @@ impl GoBinary {
                 }
             }
         })?;
+        let image = Arc::new(image);
         let has_pclntab = image.section(".gopclntab").is_some()
             || image.section(".data.rel.ro.gopclntab").is_some();
-        let version_string = match buildinfo::version_string(&image) {
-            Some(v) => v,
-            None if has_pclntab => {
+        let mut pclntab = Pclntab::parse(image.clone());
+        let found = buildinfo::version_string(&image)
+            .map(|v| (v, VersionSource::Buildinfo))
+            .or_else(|| buildversion::from_build_version(&image, pclntab.as_ref().ok()));
+        let (version_string, version_source) = match found {
+            Some(found) => found,
+            None if has_pclntab || pclntab.is_ok() => {
+                image.release_all();
                 return Err(malformed(
-                    "has a Go function table but no readable Go build information (.go.buildinfo)"
+                    "has a Go function table but no Go version: no .go.buildinfo, and no \
+                     runtime.buildVersion string found"
                         .into(),
                 ));
             }
             None => {
+                image.release_all();
                 return Err(BinaryError::NotGo {
                     path: path.to_owned(),
                 });
@@ -182,23 +209,27 @@ impl GoBinary {
         let version = GoVersion::parse(&version_string).ok_or_else(|| {
             malformed(format!("unrecognised Go version string {version_string:?}"))
         })?;
-        let image = Arc::new(image);
-        let pclntab = Pclntab::parse(image.clone(), version).map(Arc::new);
+        if let Ok(p) = &mut pclntab {
+            p.set_version(version);
+        }
         let has_dwarf =
             image.section(".debug_info").is_some() || image.section(".zdebug_info").is_some();
+        image.release_all();
         Ok(GoBinary {
             path: path.to_owned(),
             arch: image.arch,
             pie: image.pie,
             version,
             version_string,
-            has_symtab: !image.symbols.is_empty(),
+            version_source,
+            has_symtab: image.symtab.is_some(),
             has_dwarf,
             go_build_id: image.go_build_id(),
             gnu_build_id: image.gnu_build_id.clone(),
-            pclntab,
+            pclntab: pclntab.map(Arc::new),
             image,
             offsets: OnceLock::new(),
+            allglen: OnceLock::new(),
         })
     }
 
@@ -248,6 +279,7 @@ impl GoBinary {
                 .filter_map(|s| self.offsets_from(s))
                 .fold(StructOffsets::default(), |acc, o| acc.or(&o));
                 let missing = merged.missing_struct_fields();
+                self.image.release_all();
                 if missing.is_empty() {
                     Ok(merged)
                 } else {
@@ -272,10 +304,18 @@ impl GoBinary {
                 &dwarf::struct_layouts(&self.image)?,
                 OffsetSource::Dwarf,
             ),
-            OffsetSource::TypeDescriptors => StructOffsets::from_layouts(
-                &typedesc::struct_layouts(&self.image)?,
-                OffsetSource::TypeDescriptors,
-            ),
+            OffsetSource::TypeDescriptors => {
+                let types = self
+                    .pclntab
+                    .as_ref()
+                    .ok()
+                    .and_then(|p| p.moduledata())
+                    .and_then(|md| md.types(&self.image, self.version));
+                StructOffsets::from_layouts(
+                    &typedesc::struct_layouts(&self.image, types)?,
+                    OffsetSource::TypeDescriptors,
+                )
+            }
             OffsetSource::VersionTable => StructOffsets::from_version_table(self.version)?,
         };
         (!offsets.fields.is_empty()).then_some(offsets)
@@ -294,13 +334,11 @@ impl GoBinary {
             path: self.path.clone(),
             name: name.to_owned(),
         };
+        // Assembly functions are ABI0 only; the symtab says so in the name.
         let from_symtab = self
             .image
-            .functions
-            .get(name)
-            // Assembly functions are ABI0 only; the symtab says so in the name.
-            .or_else(|| self.image.functions.get(&format!("{name}.abi0")))
-            .map(|&(address, size)| (address, size, FunctionSource::Symtab));
+            .function_symbol(&[name, &format!("{name}.abi0")])
+            .map(|(address, size)| (address, size, FunctionSource::Symtab));
         let (address, size, source) = match from_symtab {
             Some(found) => found,
             None => {
@@ -334,6 +372,7 @@ impl GoBinary {
             .into_iter()
             .map(|off| file_offset + off)
             .collect();
+        self.image.release_all();
         Ok(GoFunction {
             name: name.to_owned(),
             address,
@@ -351,6 +390,16 @@ impl GoBinary {
 
     /// A `.symtab` symbol's address, if the binary has one by that name.
     pub fn symbol(&self, name: &str) -> Option<u64> {
-        self.image.symbols.get(name).map(|&(addr, _)| addr)
+        self.image.symbol(name).map(|(addr, _)| addr)
+    }
+
+    /// Where `runtime.allglen` (the peak goroutine count) is, if it can be
+    /// found: by the symbol table, else from `runtime.allgadd`'s code (amd64).
+    pub fn allglen(&self) -> Option<Allglen> {
+        *self.allglen.get_or_init(|| {
+            let found = allglen::find(&self.image, self.pclntab.as_deref().ok());
+            self.image.release_all();
+            found
+        })
     }
 }

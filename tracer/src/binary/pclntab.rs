@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::{
     GoVersion,
     image::{Image, le_u32, le_u64},
-    moduledata,
+    moduledata::{self, ModuleData},
 };
 
 /// Layout generation of the table.
@@ -93,8 +93,10 @@ pub struct Pclntab {
     nfunc: usize,
     /// Link-time address function entries are offsets from.
     pub text_start: u64,
-    /// Base of funcdata offsets (`go:func.*`), if known.
+    /// Base of funcdata offsets (`go:func.*`), if known (after `set_version`).
     gofunc: Option<u64>,
+    /// The linker's module data, if found.
+    md: Option<ModuleData>,
     funcname: usize,
     cutab: usize,
     filetab: usize,
@@ -126,9 +128,10 @@ const FUNCDATA_INL_TREE: u32 = 3;
 const MAX_INLINE_DEPTH: usize = 64;
 
 impl Pclntab {
-    /// Parse the function table of `image`, built by Go `version` (which
-    /// says where the module data keeps `gofunc`).
-    pub(crate) fn parse(image: Arc<Image>, version: GoVersion) -> Result<Pclntab, String> {
+    /// Parse the function table of `image`. Functions can be looked up at
+    /// once; inlined frames need `set_version` (the Go version says where
+    /// the module data keeps `gofunc`).
+    pub(crate) fn parse(image: Arc<Image>) -> Result<Pclntab, String> {
         let (addr, start, end) = locate(&image).ok_or("no Go function table (.gopclntab)")?;
         let bytes = &image.data[start..end];
         let word = |i: usize| -> Result<usize, String> {
@@ -174,24 +177,19 @@ impl Pclntab {
         {
             return Err(".gopclntab function table is truncated".into());
         }
-        let md = moduledata::find(&image, addr, addr.wrapping_add(funcname as u64), version);
+        let md = moduledata::find(&image, addr, addr.wrapping_add(funcname as u64));
         // Go 1.26+ write 0 as textStart: take it from the symbol table or
         // the module data, else the .text section (right for internal
         // linking only: external linking puts C code first).
         let text_start = if header_text != 0 {
             header_text
-        } else if let Some(&(addr, _)) = image.symbols.get("runtime.text") {
+        } else if let Some((addr, _)) = image.symbol("runtime.text") {
             addr
         } else if let Some(md) = md {
             md.text
         } else {
             image.section(".text").map_or(0, |s| s.addr)
         };
-        let gofunc = ["go:func.*", "go.func.*"]
-            .iter()
-            .find_map(|n| image.symbols.get(*n).map(|&(a, _)| a))
-            .or(md.and_then(|m| m.gofunc))
-            .or_else(|| image.section(".go.func").map(|s| s.addr));
         Ok(Pclntab {
             addr,
             start,
@@ -200,7 +198,8 @@ impl Pclntab {
             quantum: u64::from(quantum.unwrap_or(1)),
             nfunc,
             text_start,
-            gofunc,
+            gofunc: None,
+            md,
             funcname,
             cutab,
             filetab,
@@ -208,6 +207,23 @@ impl Pclntab {
             pcln,
             image,
         })
+    }
+
+    /// Find the base of funcdata (inline trees) for a binary of Go
+    /// `version`: the `go:func.*` symbol, else the module data's `gofunc`,
+    /// else the `.go.func` section.
+    pub(crate) fn set_version(&mut self, version: GoVersion) {
+        let image = &self.image;
+        self.gofunc = ["go:func.*", "go.func.*"]
+            .iter()
+            .find_map(|n| image.symbol(n).map(|(a, _)| a))
+            .or_else(|| self.md.and_then(|m| m.gofunc(image, version)))
+            .or_else(|| image.section(".go.func").map(|s| s.addr));
+    }
+
+    /// The linker's module data, if it was found.
+    pub(crate) fn moduledata(&self) -> Option<ModuleData> {
+        self.md
     }
 
     fn bytes(&self) -> &[u8] {

@@ -13,7 +13,9 @@ const BASE: u64 = 0x400000;
 const TEXT: u64 = 0x401000;
 
 /// A minimal little-endian x86-64 ELF executable: one RX segment mapping the
-/// whole file at `BASE`, and the given sections (name, type, flags, bytes).
+/// whole file at `BASE`, and the given sections (name, type, flags, bytes),
+/// each at the next 16-byte boundary from file offset 0x1000 (see
+/// `placed_at`). A `.symtab` links to the `.strtab`.
 fn elf(sections: &[(&str, u32, u64, &[u8])]) -> Vec<u8> {
     let mut out = vec![0u8; 0x1000];
     let mut placed = Vec::new();
@@ -35,6 +37,11 @@ fn elf(sections: &[(&str, u32, u64, &[u8])]) -> Vec<u8> {
     out.extend_from_slice(&shstrtab);
     let shoff = out.len().next_multiple_of(8);
     out.resize(shoff, 0);
+    // Section header index of the string table a symbol table links to.
+    let strtab = sections
+        .iter()
+        .position(|s| s.0 == ".strtab")
+        .map_or(0, |i| i as u32 + 1);
     let shdr = |name: u32, kind: u32, flags: u64, addr: u64, off: u64, size: u64| {
         let mut h = Vec::new();
         h.extend_from_slice(&name.to_le_bytes());
@@ -43,7 +50,9 @@ fn elf(sections: &[(&str, u32, u64, &[u8])]) -> Vec<u8> {
         h.extend_from_slice(&addr.to_le_bytes());
         h.extend_from_slice(&off.to_le_bytes());
         h.extend_from_slice(&size.to_le_bytes());
-        h.extend_from_slice(&[0u8; 24]); // link, info, addralign, entsize
+        let link = if kind == 2 { strtab } else { 0 };
+        h.extend_from_slice(&link.to_le_bytes());
+        h.extend_from_slice(&[0u8; 20]); // info, addralign, entsize
         h
     };
     out.extend_from_slice(&shdr(0, 0, 0, 0, 0, 0));
@@ -88,6 +97,20 @@ fn elf(sections: &[(&str, u32, u64, &[u8])]) -> Vec<u8> {
     out
 }
 
+/// The link-time address `elf` places section `i` of sections of these
+/// lengths at.
+fn placed_at(lengths: &[usize], i: usize) -> u64 {
+    let mut off = 0x1000usize;
+    for (j, len) in lengths.iter().enumerate() {
+        off = off.next_multiple_of(16);
+        if j == i {
+            break;
+        }
+        off += len;
+    }
+    BASE + off as u64
+}
+
 /// Go 1.18+ build information with an inline version string.
 fn buildinfo(version: &str) -> Vec<u8> {
     let mut b = b"\xff Go buildinf:".to_vec();
@@ -104,7 +127,14 @@ fn buildinfo(version: &str) -> Vec<u8> {
 /// then 11 from +8, file a.go) and `main.b` at TEXT+0x10 (0x10 bytes, no
 /// tables).
 fn pclntab(format: PclnFormat) -> Vec<u8> {
-    let funcnames = b"main.a\0main.b\0";
+    pclntab_named(format, "main.a")
+}
+
+/// `pclntab`, with the first function called `first` (6 bytes or more).
+fn pclntab_named(format: PclnFormat, first: &str) -> Vec<u8> {
+    let funcnames = format!("{first}\0main.b\0");
+    let funcnames = funcnames.as_bytes();
+    let second_name = first.len() as u32 + 1;
     let cutab = 0u32.to_le_bytes();
     let filetab = b"a.go\0";
     // pctab: offset 0 means "no table", so start with a pad byte.
@@ -178,7 +208,7 @@ fn pclntab(format: PclnFormat) -> Vec<u8> {
         f
     };
     t.extend(func(0, 0, pcfile_table, pcln_table));
-    t.extend(func(0x10, 7, 0, 0));
+    t.extend(func(0x10, second_name, 0, 0));
     t
 }
 
@@ -227,6 +257,84 @@ fn synthetic_binary_gives_functions_and_lines() {
     // No DWARF, no type descriptors: the table alone gives the offsets.
     let offsets = bin.struct_offsets().unwrap();
     assert_eq!(offsets.fields["g.goid"].source, OffsetSource::VersionTable);
+}
+
+/// How a binary without `.go.buildinfo` leads to its version string.
+#[derive(Clone, Copy)]
+enum VersionRoute {
+    /// A `runtime.buildVersion` symbol names the string header.
+    Symtab,
+    /// `runtime.schedinit`'s code loads from the string header.
+    Schedinit,
+}
+
+/// A binary without `.go.buildinfo` whose `runtime.buildVersion` holds
+/// `version`, found by `route`.
+fn without_buildinfo(version: &str, route: VersionRoute) -> Vec<u8> {
+    let table = pclntab_named(PclnFormat::Go120, "runtime.schedinit");
+    let lengths = [0x20, table.len(), 16, version.len()];
+    let (header, string) = (placed_at(&lengths, 2), placed_at(&lengths, 3));
+    // mov rax, [rip+disp] at TEXT, then INT3 padding.
+    let mut code = vec![0x48, 0x8b, 0x05];
+    code.extend_from_slice(&((header as i64 - (TEXT as i64 + 7)) as i32).to_le_bytes());
+    code.resize(0x20, 0xcc);
+    if let VersionRoute::Symtab = route {
+        code.fill(0xcc); // nothing refers to the variable: only its name finds it
+    }
+    let mut data = string.to_le_bytes().to_vec();
+    data.extend_from_slice(&(version.len() as u64).to_le_bytes());
+    let mut sections: Vec<(&str, u32, u64, Vec<u8>)> = vec![
+        (".text", 1, 6, code),
+        (".gopclntab", 1, 2, table),
+        (".data", 1, 3, data),
+        (".rodata", 1, 2, version.as_bytes().to_vec()),
+    ];
+    if let VersionRoute::Symtab = route {
+        // Elf64_Sym: the null symbol, then runtime.buildVersion (STT_OBJECT).
+        let mut symtab = vec![0u8; 24];
+        symtab.extend_from_slice(&1u32.to_le_bytes());
+        symtab.extend_from_slice(&[1, 0, 0, 0]);
+        symtab.extend_from_slice(&header.to_le_bytes());
+        symtab.extend_from_slice(&16u64.to_le_bytes());
+        sections.push((".symtab", 2, 0, symtab));
+        sections.push((".strtab", 3, 0, b"\0runtime.buildVersion\0".to_vec()));
+    }
+    let refs: Vec<(&str, u32, u64, &[u8])> = sections
+        .iter()
+        .map(|(n, k, f, d)| (*n, *k, *f, d.as_slice()))
+        .collect();
+    elf(&refs)
+}
+
+#[test]
+fn version_without_buildinfo_comes_from_runtime_build_version() {
+    let p = Path::new("no-buildinfo");
+    for (route, source) in [
+        (VersionRoute::Symtab, VersionSource::BuildVersionSymbol),
+        (VersionRoute::Schedinit, VersionSource::BuildVersionCode),
+    ] {
+        let bin = GoBinary::from_bytes(p, without_buildinfo("go1.22.3", route)).unwrap();
+        assert_eq!(bin.version_source, source);
+        assert_eq!(bin.version_string, "go1.22.3");
+        assert_eq!(bin.version.code(), 122);
+        assert_eq!(bin.has_symtab, matches!(route, VersionRoute::Symtab));
+        assert_eq!(
+            bin.function("runtime.schedinit").unwrap().source,
+            FunctionSource::Pclntab
+        );
+        // A version the function table's format rules out is no version.
+        let err = GoBinary::from_bytes(p, without_buildinfo("go1.19.8", route))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("no Go version"), "{err}");
+        // Nor is a string that is not a version.
+        let err = GoBinary::from_bytes(p, without_buildinfo("hello, world", route))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("no Go version"), "{err}");
+    }
+    let with = GoBinary::from_bytes(p, synthetic("go1.22.3")).unwrap();
+    assert_eq!(with.version_source, VersionSource::Buildinfo);
 }
 
 #[test]
@@ -315,12 +423,12 @@ fn compressed_debug_sections_are_inflated() {
     chdr.extend_from_slice(&(payload.len() as u64).to_le_bytes());
     chdr.extend_from_slice(&1u64.to_le_bytes());
     chdr.extend_from_slice(&z);
-    let image = image::Image::parse(elf(&[
+    let image = image::Image::parse(mapped::FileBytes::Owned(elf(&[
         (".zdebug_info", 1, 0, &gnu),
         (".debug_abbrev", 1, 0x800, &chdr),
         (".debug_line", 1, 0, b"plain"),
         (".debug_str", 1, 0x800, b"not a compressed section"),
-    ]))
+    ])))
     .unwrap();
     assert_eq!(image.debug_section(".debug_info"), Some(payload.clone()));
     assert_eq!(image.debug_section(".debug_abbrev"), Some(payload));
@@ -354,6 +462,20 @@ proptest! {
 
     #[test]
     fn random_bytes_never_panic(data in prop::collection::vec(any::<u8>(), 0..4096)) {
+        analyse(data);
+    }
+
+    #[test]
+    fn mutated_binaries_without_buildinfo_never_panic(
+        writes in prop::collection::vec((0usize..0x1400, any::<u8>()), 1..32),
+        symtab in any::<bool>(),
+    ) {
+        let route = if symtab { VersionRoute::Symtab } else { VersionRoute::Schedinit };
+        let mut data = without_buildinfo("go1.22.3", route);
+        let len = data.len();
+        for (at, byte) in writes {
+            data[at % len] = byte;
+        }
         analyse(data);
     }
 

@@ -28,48 +28,56 @@ type Fields = BTreeMap<String, (u64, u64)>;
 
 /// Member offsets of `runtime.g`, `runtime.m`, `runtime.gobuf`,
 /// `runtime.stack`; `None` if the descriptors cannot be found or disagree.
-pub(crate) fn struct_layouts(image: &Image) -> Option<StructLayouts> {
-    let mut g: Option<Fields> = None;
-    let mut m: Option<Fields> = None;
-    for s in image.sections.iter().filter(|s| {
-        s.kind == elf::SHT_PROGBITS
-            && s.flags & u64::from(elf::SHF_ALLOC) != 0
-            && s.flags & u64::from(elf::SHF_EXECINSTR) == 0
-            && !s.name.ends_with("gopclntab")
-    }) {
-        let Some(bytes) = image.section_data(s) else {
-            continue;
-        };
-        let Some(first) = s.addr.checked_next_multiple_of(8) else {
-            continue;
-        };
-        let count = (bytes.len() as u64).saturating_sub(first - s.addr) / 8;
-        for i in 0..count {
-            let at = first + i * 8;
-            let Some(kind) = bytes.get((at - s.addr + 23) as usize) else {
-                break;
-            };
-            if kind & KIND_MASK != KIND_STRUCT {
-                continue;
+/// `types` is the module data's `[types, etypes)`, where every descriptor
+/// is; without it every read-only and data section is searched.
+pub(crate) fn struct_layouts(image: &Image, types: Option<(u64, u64)>) -> Option<StructLayouts> {
+    let mut found = Found::default();
+    match types {
+        Some((start, end)) => {
+            let first = start.checked_next_multiple_of(8)?;
+            let bytes = image.bytes_at(start, usize::try_from(end - start).ok()?)?;
+            let skip = (first - start) as usize;
+            for off in (skip..bytes.len()).step_by(8) {
+                if bytes
+                    .get(off + 23)
+                    .is_some_and(|k| k & KIND_MASK == KIND_STRUCT)
+                {
+                    found.consider(image, start + off as u64)?;
+                }
             }
-            let Some(fields) = struct_fields(image, at) else {
-                continue;
-            };
-            let has = |names: &[&str]| names.iter().all(|n| fields.contains_key(*n));
-            if has(&["stack", "stackguard0", "m", "sched", "goid"]) {
-                if g.as_ref().is_some_and(|prev| *prev != fields) {
-                    return None;
+        }
+        None => {
+            for s in image.sections.iter().filter(|s| {
+                s.kind == elf::SHT_PROGBITS
+                    && s.flags & u64::from(elf::SHF_ALLOC) != 0
+                    && s.flags & u64::from(elf::SHF_EXECINSTR) == 0
+                    && !s.name.ends_with("gopclntab")
+            }) {
+                let Some(bytes) = image.section_data(s) else {
+                    continue;
+                };
+                let Some(first) = s.addr.checked_next_multiple_of(8) else {
+                    continue;
+                };
+                let skip = (first - s.addr) as usize;
+                for off in (skip..bytes.len()).step_by(8) {
+                    if off % RELEASE_WINDOW < 8 && off >= RELEASE_WINDOW {
+                        // Drop the window behind the scan from the resident set.
+                        image
+                            .data
+                            .release(s.offset as usize + off - RELEASE_WINDOW, RELEASE_WINDOW);
+                    }
+                    if bytes
+                        .get(off + 23)
+                        .is_some_and(|k| k & KIND_MASK == KIND_STRUCT)
+                    {
+                        found.consider(image, s.addr + off as u64)?;
+                    }
                 }
-                g = Some(fields);
-            } else if has(&["g0", "morebuf", "procid", "curg", "preemptoff"]) {
-                if m.as_ref().is_some_and(|prev| *prev != fields) {
-                    return None;
-                }
-                m = Some(fields);
             }
         }
     }
-    let (g, m) = (g?, m?);
+    let (g, m) = (found.g?, found.m?);
     let gobuf = struct_fields(image, g.get("sched")?.1)?;
     let stack = struct_fields(image, g.get("stack")?.1)?;
     let offsets = |f: &Fields| f.iter().map(|(k, &(off, _))| (k.clone(), off)).collect();
@@ -79,6 +87,39 @@ pub(crate) fn struct_layouts(image: &Image) -> Option<StructLayouts> {
         ("runtime.gobuf", offsets(&gobuf)),
         ("runtime.stack", offsets(&stack)),
     ]))
+}
+
+/// Bytes scanned between releases of the pages behind a section scan.
+const RELEASE_WINDOW: usize = 4 << 20;
+
+/// The `runtime.g` and `runtime.m` descriptors seen so far.
+#[derive(Default)]
+struct Found {
+    g: Option<Fields>,
+    m: Option<Fields>,
+}
+
+impl Found {
+    /// Look at the struct descriptor candidate at `at`; `None` if it is a
+    /// second, different `runtime.g` or `runtime.m` (the search is wrong).
+    fn consider(&mut self, image: &Image, at: u64) -> Option<()> {
+        let Some(fields) = struct_fields(image, at) else {
+            return Some(());
+        };
+        let has = |names: &[&str]| names.iter().all(|n| fields.contains_key(*n));
+        let slot = if has(&["stack", "stackguard0", "m", "sched", "goid"]) {
+            &mut self.g
+        } else if has(&["g0", "morebuf", "procid", "curg", "preemptoff"]) {
+            &mut self.m
+        } else {
+            return Some(());
+        };
+        if slot.as_ref().is_some_and(|prev| *prev != fields) {
+            return None;
+        }
+        *slot = Some(fields);
+        Some(())
+    }
 }
 
 /// The fields of the struct type descriptor at `at`, if it looks like one.

@@ -18,7 +18,10 @@ pub mod pause;
 pub mod reader;
 pub mod stream;
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context as _;
 use tokio::signal::unix::{SignalKind, signal};
@@ -33,7 +36,7 @@ use crate::{
     image::ProcessImage,
     kernel::{Core, CoreOptions},
     sink::Sink,
-    stackgrowth::goroutines,
+    stackgrowth::goroutines::GoroutineWatch,
     targets::{
         Changes, Target,
         tracker::{Kernel, Limits, NotTraced, Tracker},
@@ -113,8 +116,10 @@ pub struct Engine {
     started: Instant,
     announced_backend: bool,
     sampling: bool,
-    /// Peak goroutine counts read so far, per process (stack growth).
-    goroutines: Vec<(u32, u64)>,
+    /// Goroutine counts being sampled, per process (stack growth of a
+    /// one-process trace: the sampling thread costs up to ~5% of a CPU), and
+    /// the last peak sent.
+    goroutines: HashMap<u32, (Option<GoroutineWatch>, u64)>,
     stacks: bool,
     out: Vec<Observed>,
 }
@@ -148,7 +153,7 @@ impl Engine {
             started: Instant::now(),
             announced_backend: false,
             sampling: false,
-            goroutines: Vec::new(),
+            goroutines: HashMap::new(),
             stacks: opts.stacks.is_some(),
             out: Vec::new(),
         })
@@ -305,7 +310,7 @@ impl Engine {
         self.tracker.kernel().tick()?;
         self.poll_target(target, sink)?;
         self.tracker.poll_counts(&mut self.out);
-        if self.stacks {
+        if self.stacks && target.single().is_some() {
             self.read_goroutines();
         }
         self.stream.settle(monotonic_ns(), &mut self.out);
@@ -331,7 +336,7 @@ impl Engine {
             self.drain();
         }
         for pid in &changes.exited {
-            self.goroutines.retain(|(p, _)| p != pid);
+            self.goroutines.remove(pid);
         }
         let single = target.single().is_some();
         let failure = apply(
@@ -376,19 +381,21 @@ impl Engine {
     fn read_goroutines(&mut self) {
         for info in self.tracker.infos() {
             let Some(image) = &info.image else { continue };
-            let process = ProcessImage::new(info.pid, image.clone());
-            let Some(n) = goroutines::peak_goroutines(&process) else {
+            let (watch, sent) = self.goroutines.entry(info.pid).or_default();
+            if watch.is_none() {
+                // Retried until the process has mapped its executable.
+                *watch = GoroutineWatch::start(&ProcessImage::new(info.pid, image.clone()));
+            }
+            let Some(n) = watch.as_ref().and_then(GoroutineWatch::peak) else {
                 continue;
             };
-            match self.goroutines.iter_mut().find(|(p, _)| *p == info.pid) {
-                Some((_, peak)) if *peak >= n => continue,
-                Some((_, peak)) => *peak = n,
-                None => self.goroutines.push((info.pid, n)),
+            if n > *sent {
+                *sent = n;
+                self.out.push(Observed::Goroutines {
+                    pid: info.pid,
+                    peak: n,
+                });
             }
-            self.out.push(Observed::Goroutines {
-                pid: info.pid,
-                peak: n,
-            });
         }
     }
 

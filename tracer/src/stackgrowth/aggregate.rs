@@ -1,7 +1,7 @@
 //! From kernel counts and sampled events to a report: per call site counts,
 //! bytes copied, size distributions, rates scaled by the time the probe was
 //! really attached, and the starting-stack recommendation. Pure code over
-//! decoded data, unit-tested without a kernel.
+//! decoded data, unit-tested without a kernel; `render` writes it for people.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -15,8 +15,8 @@ use tracer_common::stack::{
 use super::{
     Mode,
     recommend::{
-        GO_STACK_GUARD, NEGLIGIBLE_COPIED_BYTES_PER_SEC, NEGLIGIBLE_CPU_SHARE,
-        NEGLIGIBLE_GROWTHS_PER_SEC, Recommendation, grown_size, human_bytes, recommend,
+        Basis, GO_STACK_GUARD, NEGLIGIBLE_COPIED_BYTES_PER_SEC, NEGLIGIBLE_CPU_SHARE,
+        NEGLIGIBLE_GROWTHS_PER_SEC, Recommendation, grown_size, recommend_from,
     },
     symbolize::Symbolizer,
 };
@@ -104,8 +104,10 @@ impl StackGrowthAggregator {
     }
 
     /// Build the report. `goroutines` is a goroutine count with its source
-    /// (e.g. the workload's `/sched/goroutines:goroutines`); without it the
-    /// distinct goroutines seen in sampled events are used.
+    /// (`runtime.allglen`, `--goroutines`, a workload's own count); without
+    /// one the memory estimate says the count is unknown (the distinct
+    /// goroutines seen growing are not goroutines alive at once: a server
+    /// that starts one per request sees thousands while tens exist).
     pub fn summary(
         &self,
         symbols: &dyn Symbolizer,
@@ -127,6 +129,8 @@ impl StackGrowthAggregator {
         let mut old_sizes = BTreeMap::new();
         let mut new_sizes = BTreeMap::new();
         let (mut growths, mut shrinks, mut moves, mut copied, mut allocated) = (0, 0, 0, 0, 0);
+        // Sampled: growth samples whose grown size had no frame size to go on.
+        let mut guessed = 0;
         for (k, c) in &self.sites {
             match StackChange::from_u8(k.change) {
                 Some(StackChange::Shrink) => shrinks += c.count,
@@ -157,7 +161,12 @@ impl StackGrowthAggregator {
                         old = UNKNOWN_SIZE;
                         grown
                     }
-                    _ => grown_size(old, u, frame),
+                    _ => {
+                        if frame.is_none() {
+                            guessed += c.count;
+                        }
+                        grown_size(old, u, frame)
+                    }
                 }
             };
             growths += c.count;
@@ -176,12 +185,16 @@ impl StackGrowthAggregator {
                     count: 0,
                     share: 0.0,
                     copied_bytes: 0,
+                    old_size_unknown: 0,
                     old_sizes: BTreeMap::new(),
                     new_sizes: BTreeMap::new(),
                     example_stack: Vec::new(),
                 });
             s.count += c.count;
             s.copied_bytes += c.copied_bytes;
+            if old == UNKNOWN_SIZE {
+                s.old_size_unknown += c.count;
+            }
             *s.old_sizes.entry(old).or_insert(0) += c.count;
             *s.new_sizes.entry(new).or_insert(0) += c.count;
         }
@@ -225,14 +238,22 @@ impl StackGrowthAggregator {
             Mode::Sampled => cpu_share.unwrap_or(0.0) < NEGLIGIBLE_CPU_SHARE,
         };
         let seen = self.goids.len() as u64;
-        let goroutines = goroutines.or((seen > 0).then_some((seen, "goroutines seen growing")));
+        let old_size_unknown = old_sizes.get(&UNKNOWN_SIZE).copied().unwrap_or(0);
         let current_start = old_sizes
             .keys()
             .copied()
             .find(|&s| s != UNKNOWN_SIZE)
             .unwrap_or(0);
         let grown_to: Vec<(u64, u64)> = new_sizes.iter().map(|(&s, &n)| (s, n)).collect();
-        let recommendation = recommend(&grown_to, current_start, goroutines, negligible);
+        let basis = match self.mode {
+            Mode::Exact => Basis::Growths,
+            Mode::Sampled => Basis::Samples {
+                old_size_unknown,
+                frame_unknown: guessed,
+            },
+        };
+        let recommendation =
+            recommend_from(basis, &grown_to, current_start, goroutines, negligible);
         StackGrowthSummary {
             mode: self.mode,
             elapsed_secs: self.elapsed.as_secs_f64(),
@@ -256,6 +277,8 @@ impl StackGrowthAggregator {
             events: self.events,
             goroutines_seen: seen,
             top_sites: top,
+            old_size_unknown,
+            new_sizes_estimated: self.mode == Mode::Sampled,
             old_sizes,
             new_sizes,
             recommendation,
@@ -275,6 +298,10 @@ pub struct SiteSummary {
     /// Share of all growths (exact) or growth samples (sampled).
     pub share: f64,
     pub copied_bytes: u64,
+    /// Of `count`, those whose size before growth is unknown (sampled: the
+    /// sample came after copystack switched the goroutine to its new
+    /// stack, when the old one's size is gone); key 0 of `old_sizes`.
+    pub old_size_unknown: u64,
     /// Size before -> count (sampled: 0 for samples taken after the
     /// switch to the new stack).
     pub old_sizes: BTreeMap<u64, u64>,
@@ -311,109 +338,20 @@ pub struct StackGrowthSummary {
     pub cpu_share: Option<f64>,
     /// Full events received.
     pub events: u64,
+    /// Distinct goroutines seen in sampled events (over the whole run: not
+    /// a count of goroutines alive at once).
     pub goroutines_seen: u64,
     pub top_sites: Vec<SiteSummary>,
-    /// Size before growth -> count, over all sites.
+    /// Growths (samples) whose size before growth is unknown, over all
+    /// sites (sampled mode only: caught after the switch to the new stack).
+    pub old_size_unknown: u64,
+    /// Sizes after growth are estimates (sampled: from each site's frame
+    /// size and live stack) rather than observed (exact).
+    pub new_sizes_estimated: bool,
+    /// Size before growth -> count, over all sites (key 0: unknown).
     pub old_sizes: BTreeMap<u64, u64>,
     pub new_sizes: BTreeMap<u64, u64>,
     pub recommendation: Recommendation,
-}
-
-impl StackGrowthSummary {
-    /// The report for people.
-    pub fn render_text(&self) -> String {
-        use std::fmt::Write as _;
-        let mut o = String::new();
-        let unit = match self.mode {
-            Mode::Exact => "growths",
-            Mode::Sampled => "samples",
-        };
-        match self.mode {
-            Mode::Exact => {
-                let _ = writeln!(
-                    o,
-                    "stack growth (exact: copystack probe attached {:.1} s of {:.1} s, {:.0}%; rates are per attached second)",
-                    self.attached_secs,
-                    self.elapsed_secs,
-                    self.attached_fraction * 100.0
-                );
-                let _ = writeln!(
-                    o,
-                    "  {} growths ({:.0}/s), {} copied ({}/s), {} new stacks; {} shrinks, {} same-size moves",
-                    self.growths,
-                    self.growths_per_sec.unwrap_or(0.0),
-                    human_bytes(self.copied_bytes),
-                    human_bytes(self.copied_bytes_per_sec.unwrap_or(0.0) as u64),
-                    human_bytes(self.new_stack_bytes),
-                    self.shrinks,
-                    self.moves
-                );
-            }
-            Mode::Sampled => {
-                let _ = writeln!(
-                    o,
-                    "stack growth (sampled at {} Hz per CPU for {:.1} s)",
-                    self.sample_hz, self.elapsed_secs
-                );
-                let _ = writeln!(
-                    o,
-                    "  {} of {} CPU samples of the process were copying a goroutine stack: {:.2}% of its CPU time",
-                    self.copy_samples,
-                    self.cpu_samples,
-                    self.cpu_share.unwrap_or(0.0) * 100.0
-                );
-            }
-        }
-        if !self.top_sites.is_empty() {
-            let _ = writeln!(
-                o,
-                "  top call sites (function that needed more stack <- its caller), by {unit}:"
-            );
-        }
-        for s in &self.top_sites {
-            let sizes = |m: &BTreeMap<u64, u64>| {
-                m.iter()
-                    .map(|(sz, n)| format!("{}x{n}", size_name(*sz)))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            };
-            let _ = writeln!(
-                o,
-                "  {:>6.1}% {:>9}  {} <- {}   from {} to {}",
-                s.share * 100.0,
-                s.count,
-                s.site,
-                s.caller,
-                sizes(&s.old_sizes),
-                sizes(&s.new_sizes)
-            );
-            if !s.example_stack.is_empty() {
-                let stack: Vec<String> =
-                    s.example_stack.iter().map(|f| f.function.clone()).collect();
-                let _ = writeln!(o, "           stack: {}", stack.join(" <- "));
-            }
-        }
-        if !self.old_sizes.is_empty() {
-            let dist: Vec<String> = self
-                .old_sizes
-                .iter()
-                .map(|(sz, n)| format!("{}: {n}", size_name(*sz)))
-                .collect();
-            let _ = writeln!(o, "  size before growth: {}", dist.join(", "));
-        }
-        let _ = writeln!(o, "  recommendation: {}", self.recommendation.advice);
-        o
-    }
-}
-
-/// A stack size for people; `UNKNOWN_SIZE` is a sample taken after the
-/// switch to the new stack, whose old size it cannot see.
-fn size_name(size: u64) -> String {
-    if size == UNKNOWN_SIZE {
-        "?".into()
-    } else {
-        human_bytes(size)
-    }
 }
 
 impl Mode {
@@ -579,7 +517,27 @@ mod tests {
         assert_eq!(s.recommendation.starting_stack_bytes, Some(32768));
         assert_eq!(s.recommendation.current_starting_stack_bytes, 2048);
         assert_eq!(s.goroutines_seen, 50);
-        assert_eq!(s.recommendation.goroutines, Some(50));
+        // Goroutines seen growing over a run are not goroutines alive at
+        // once: without a count the memory cost is said to be unknown.
+        assert_eq!(s.recommendation.goroutines, None);
+        assert!(
+            s.recommendation
+                .advice
+                .contains("goroutine count is unknown")
+        );
+        // What sampling cannot see is said, not printed as "?".
+        assert_eq!(s.old_size_unknown, 10);
+        assert_eq!(s.top_sites[0].old_size_unknown, 10);
+        assert!(s.new_sizes_estimated);
+        let text = s.render_text();
+        assert!(!text.contains('?'), "{text}");
+        assert!(
+            text.contains("to ~32 KBx40 from 2 KBx30, unknown x10"),
+            "{text}"
+        );
+        assert!(text.contains("unknown for 10 samples"), "{text}");
+        assert!(text.contains("of the 40 stack-copy samples"), "{text}");
+        assert!(!text.contains("of growths"), "{text}");
         let names: Vec<_> = s.top_sites[0]
             .example_stack
             .iter()

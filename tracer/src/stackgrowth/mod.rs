@@ -2,8 +2,8 @@
 //! sizes, what it costs, and the starting stack that would avoid most of it.
 //!
 //! (The kernel side, attaching and reading its counts, is `kernel::stacks`.)
-//! - `aggregate`: pure aggregation into a `StackGrowthSummary` (serde) with a
-//!   text renderer.
+//! - `aggregate`: pure aggregation into a `StackGrowthSummary` (serde);
+//!   `render`: its text for people.
 //! - `recommend`: the starting-stack recommendation.
 //! - `symbolize`: what aggregation needs of code (the process image's frames
 //!   and frame sizes, from `image::frames`).
@@ -12,6 +12,7 @@
 pub mod aggregate;
 pub mod goroutines;
 pub mod recommend;
+mod render;
 pub mod symbolize;
 
 pub use aggregate::{SiteSummary, StackGrowthAggregator, StackGrowthSummary};

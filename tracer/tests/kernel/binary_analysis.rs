@@ -1,7 +1,9 @@
 //! Go binary analysis checked against the Go toolchain's own answers, for
 //! every Go version of the matrix and every way an SRE's binary may be built:
 //! plain, PIE, without DWARF (`-w`), stripped (`-s -w`), cgo with external
-//! linking (plain and stripped), and arm64 (cross-built, analysed statically).
+//! linking (plain and stripped), arm64 (cross-built, analysed statically),
+//! and without `.go.buildinfo` (`objcopy --remove-section .go.buildinfo` of
+//! plain, stripped, stripped PIE and stripped arm64 builds).
 //!
 //! References: `go tool nm` (entries), `go tool objdump` (RET instructions),
 //! `go tool addr2line` (symbolization), DWARF vs type descriptors vs the
@@ -13,6 +15,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     io::{BufRead as _, BufReader, Write as _},
+    net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{Mutex, OnceLock},
@@ -23,13 +26,17 @@ use proptest::prelude::*;
 use serde::Deserialize;
 use tracer::{
     binary::{
-        Arch, COPYSTACK, FunctionSource, GoBinary, OffsetSource, PROBED_FUNCTIONS, START_THE_WORLD,
-        STOP_THE_WORLD, offsets::struct_fields, running,
+        AllglenSource, Arch, COPYSTACK, FunctionSource, GoBinary, OffsetSource, PROBED_FUNCTIONS,
+        START_THE_WORLD, STOP_THE_WORLD, VersionSource, offsets::struct_fields, running,
     },
+    engine::pause::StwReason,
     image::{ExeId, ExecutableImage, ProcessImage},
 };
 
-use crate::support::{GoToolchain, build_workload_env, go_matrix};
+use crate::support::{
+    GoToolchain, STW_ARGS, STW_GOMAXPROCS, STW_READ_MEM_STATS, StwReport, build_workload,
+    build_workload_env, go_matrix, newest_go, parse_report, require_root,
+};
 
 /// How one variant is built.
 struct Spec {
@@ -39,6 +46,8 @@ struct Spec {
     /// Built from the same code as this variant, with symbols and DWARF.
     twin: Option<&'static str>,
     needs_gcc: bool,
+    /// `objcopy --remove-section .go.buildinfo` after the build.
+    without_buildinfo: bool,
 }
 
 const NO_CGO: &[(&str, &str)] = &[("CGO_ENABLED", "0")];
@@ -52,6 +61,7 @@ const SPECS: &[Spec] = &[
         env: NO_CGO,
         twin: None,
         needs_gcc: false,
+        without_buildinfo: false,
     },
     Spec {
         name: "pie",
@@ -59,6 +69,7 @@ const SPECS: &[Spec] = &[
         env: NO_CGO,
         twin: None,
         needs_gcc: false,
+        without_buildinfo: false,
     },
     Spec {
         name: "nodwarf",
@@ -66,6 +77,7 @@ const SPECS: &[Spec] = &[
         env: NO_CGO,
         twin: Some("exe"),
         needs_gcc: false,
+        without_buildinfo: false,
     },
     Spec {
         name: "stripped",
@@ -73,6 +85,7 @@ const SPECS: &[Spec] = &[
         env: NO_CGO,
         twin: Some("exe"),
         needs_gcc: false,
+        without_buildinfo: false,
     },
     Spec {
         name: "cgo",
@@ -80,6 +93,7 @@ const SPECS: &[Spec] = &[
         env: CGO,
         twin: None,
         needs_gcc: true,
+        without_buildinfo: false,
     },
     Spec {
         name: "cgo-stripped",
@@ -87,6 +101,7 @@ const SPECS: &[Spec] = &[
         env: CGO,
         twin: Some("cgo"),
         needs_gcc: true,
+        without_buildinfo: false,
     },
     Spec {
         name: "arm64",
@@ -94,6 +109,7 @@ const SPECS: &[Spec] = &[
         env: ARM64,
         twin: None,
         needs_gcc: false,
+        without_buildinfo: false,
     },
     Spec {
         name: "arm64-stripped",
@@ -101,6 +117,41 @@ const SPECS: &[Spec] = &[
         env: ARM64,
         twin: Some("arm64"),
         needs_gcc: false,
+        without_buildinfo: false,
+    },
+    // The version then comes from runtime.buildVersion: by its symbol...
+    Spec {
+        name: "nobuildinfo",
+        args: &[],
+        env: NO_CGO,
+        twin: None,
+        needs_gcc: false,
+        without_buildinfo: true,
+    },
+    // ...or, stripped, as the string runtime.schedinit's code checks.
+    Spec {
+        name: "nobuildinfo-stripped",
+        args: &["-ldflags=-s -w"],
+        env: NO_CGO,
+        twin: Some("exe"),
+        needs_gcc: false,
+        without_buildinfo: true,
+    },
+    Spec {
+        name: "pie-nobuildinfo-stripped",
+        args: &["-buildmode=pie", "-ldflags=-s -w"],
+        env: NO_CGO,
+        twin: Some("pie"),
+        needs_gcc: false,
+        without_buildinfo: true,
+    },
+    Spec {
+        name: "arm64-nobuildinfo-stripped",
+        args: &["-ldflags=-s -w"],
+        env: ARM64,
+        twin: Some("arm64"),
+        needs_gcc: false,
+        without_buildinfo: true,
     },
 ];
 
@@ -123,6 +174,37 @@ impl Build {
     fn is_arm64(&self) -> bool {
         self.spec.name.starts_with("arm64")
     }
+
+    fn is_pie(&self) -> bool {
+        self.spec.args.contains(&"-buildmode=pie")
+    }
+
+    /// Where the version must come from.
+    fn version_source(&self) -> VersionSource {
+        match (self.spec.without_buildinfo, self.spec.twin) {
+            (false, _) => VersionSource::Buildinfo,
+            (true, None) => VersionSource::BuildVersionSymbol,
+            (true, Some(_)) => VersionSource::BuildVersionCode,
+        }
+    }
+}
+
+/// `objcopy --remove-section .go.buildinfo` of `path`, in place, with the
+/// binutils of the file's architecture.
+pub fn remove_buildinfo(path: &Path, arm64: bool) {
+    let objcopy = if arm64 {
+        "aarch64-linux-gnu-objcopy"
+    } else {
+        "objcopy"
+    };
+    let status = Command::new(objcopy)
+        .args(["--remove-section", ".go.buildinfo"])
+        .arg(path)
+        .status()
+        .unwrap_or_else(|e| {
+            panic!("{objcopy}: {e} (binutils, binutils-aarch64-linux-gnu: run `cargo xtask setup`)")
+        });
+    assert!(status.success(), "{objcopy} failed on {}", path.display());
 }
 
 fn have_gcc() -> bool {
@@ -154,6 +236,9 @@ fn builds() -> &'static [Build] {
                     spec.args,
                     spec.env,
                 );
+                if spec.without_buildinfo {
+                    remove_buildinfo(&path, spec.name.starts_with("arm64"));
+                }
                 out.push(Build {
                     go: go.clone(),
                     spec,
@@ -279,7 +364,7 @@ fn entries_and_rets_match_the_go_toolchain() {
                 Arch::Amd64
             }
         );
-        assert_eq!(bin.pie, b.spec.name == "pie", "{}", b.label());
+        assert_eq!(bin.pie, b.is_pie(), "{}", b.label());
         assert_eq!(
             bin.has_symtab,
             b.spec.twin.is_none_or(|_| b.spec.name == "nodwarf")
@@ -292,6 +377,33 @@ fn entries_and_rets_match_the_go_toolchain() {
             "{}",
             b.label()
         );
+        assert_eq!(bin.version_source, b.version_source(), "{}", b.label());
+        // runtime.allglen: by name, else (amd64) from runtime.allgadd's code.
+        // Data addresses move a little between builds with and without
+        // -s/-w (text does not), so a stripped build is checked against its
+        // twin's distance from allglen to allgs, which both give.
+        let allglen = bin.allglen();
+        if b.is_arm64() && !bin.has_symtab {
+            assert_eq!(allglen, None, "{}", b.label());
+        } else {
+            let a = allglen.unwrap_or_else(|| panic!("{}: no runtime.allglen", b.label()));
+            let allgs = a.allgs_len.expect("len(allgs) found with allglen") - 8;
+            if bin.has_symtab {
+                let own = nm(b);
+                assert_eq!(a.address, own["runtime.allglen"], "{}", b.label());
+                assert_eq!(allgs, own["runtime.allgs"], "{}", b.label());
+                assert_eq!(a.source, AllglenSource::Symtab, "{}", b.label());
+            } else {
+                assert_eq!(
+                    a.address - allgs,
+                    symbols["runtime.allglen"] - symbols["runtime.allgs"],
+                    "{}: allglen {:#x}, allgs {allgs:#x}",
+                    b.label(),
+                    a.address
+                );
+                assert_eq!(a.source, AllglenSource::AllgaddCode, "{}", b.label());
+            }
+        }
         let text = symbols["runtime.text"];
         assert_eq!(
             bin.pclntab().unwrap().text_start,
@@ -610,7 +722,13 @@ fn live_processes_symbolize_like_the_go_runtime() {
     for b in builds().iter().filter(|b| {
         matches!(
             b.spec.name,
-            "exe" | "pie" | "stripped" | "cgo" | "cgo-stripped"
+            "exe"
+                | "pie"
+                | "stripped"
+                | "cgo"
+                | "cgo-stripped"
+                | "nobuildinfo-stripped"
+                | "pie-nobuildinfo-stripped"
         )
     }) {
         let (child, report) = start_waiting(&b.path, &[]);
@@ -618,7 +736,7 @@ fn live_processes_symbolize_like_the_go_runtime() {
         let ps = check_live(&b.label(), pid, &report);
         assert_eq!(
             ps.bias().unwrap() != 0,
-            b.spec.name == "pie",
+            b.is_pie(),
             "{}: bias {:#x}",
             b.label(),
             ps.bias().unwrap()
@@ -629,6 +747,8 @@ fn live_processes_symbolize_like_the_go_runtime() {
         assert_eq!(process.exe.exe, b.path.canonicalize().unwrap());
         assert!(!process.exe.other_mount_namespace);
         assert_eq!(Some(process.load_bias), ps.bias());
+        assert_eq!(inspected.go_version, format!("go{}", b.go.version));
+        assert_eq!(inspected.version_source, b.version_source());
         stop(child);
         processes += 1;
     }
@@ -740,9 +860,13 @@ fn inspect_cli_reports_json_and_fails_cleanly_on_bad_input() {
         "functions",
         "struct_offsets",
         "fault_backend",
+        "version_source",
+        "allglen",
     ] {
         assert!(v.get(key).is_some(), "JSON lacks {key}: {v}");
     }
+    assert_eq!(v["version_source"], "buildinfo");
+    assert_eq!(v["allglen"]["source"], "allgadd_code");
     let start = &v["functions"][START_THE_WORLD];
     assert!(start["address"].as_u64().unwrap() > 0);
     assert!(!start["ret_file_offsets"].as_array().unwrap().is_empty());
@@ -753,6 +877,47 @@ fn inspect_cli_reports_json_and_fails_cleanly_on_bad_input() {
     ));
     let (ok, human, _) = gostw_inspect(&[exe.path.to_str().unwrap()]);
     assert!(ok && human.contains(START_THE_WORLD) && human.contains("fault backend"));
+    // Words for people, not Rust enum names.
+    for word in [
+        "version from .go.buildinfo",
+        "Go 1.20+ format",
+        "  DWARF\n",
+        "symtab\n",
+    ] {
+        assert!(human.contains(word), "{word:?} missing from:\n{human}");
+    }
+    let (ok, human, _) = gostw_inspect(&[sibling(newest, "nobuildinfo-stripped")
+        .path
+        .to_str()
+        .unwrap()]);
+    assert!(ok, "{human}");
+    for word in [
+        "version from runtime.buildVersion (the string runtime.schedinit checks)",
+        "runtime type descriptors\n",
+        "version table\n",
+        "pclntab\n",
+        "from runtime.allgadd's code",
+    ] {
+        assert!(human.contains(word), "{word:?} missing from:\n{human}");
+    }
+    for enum_name in [
+        "Pclntab",
+        "Symtab",
+        "TypeDescriptors",
+        "VersionTable",
+        "Dwarf",
+        "Tracepoint",
+        "Kprobe",
+        "Go120",
+    ] {
+        assert!(!human.contains(enum_name), "{enum_name} in:\n{human}");
+    }
+    assert!(
+        human.contains("fault backend: tracepoints + perf events")
+            || human.contains("fault backend: kprobes")
+            || human.contains("fault backend: none"),
+        "{human}"
+    );
 
     let tmp = std::env::temp_dir().join(format!("gostw-bad-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
@@ -909,4 +1074,447 @@ fn parsers_survive_mutated_real_binaries() {
         "150 mutated binaries parsed without panic ({:.1?})",
         started.elapsed()
     );
+}
+
+const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
+
+/// One line of `gostw run --json` / `attach --json` output, sorted.
+#[derive(Default)]
+struct TracedRun {
+    pauses: Vec<serde_json::Value>,
+    summary: Option<serde_json::Value>,
+}
+
+fn parse_traced(stdout: &str) -> TracedRun {
+    let mut t = TracedRun::default();
+    for line in stdout.lines().filter(|l| l.starts_with('{')) {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("gostw printed bad JSON {line:?}: {e}"));
+        match v["type"].as_str() {
+            Some("pause") => t.pauses.push(v),
+            Some("summary") => t.summary = Some(v),
+            other => panic!("unknown record type {other:?}"),
+        }
+    }
+    t
+}
+
+/// `gostw run` and `gostw attach` trace a stripped binary without
+/// `.go.buildinfo` (its version from the string runtime.schedinit checks)
+/// on every Go version of the matrix, and see every pause Go counts, as
+/// `pauses::run_reports_every_pause_as_go_counts_it` checks for ordinary
+/// builds: reasons, counts, and (1.22+) Go's own durations to the ns.
+#[test]
+fn run_and_attach_trace_binaries_without_buildinfo() {
+    require_root();
+    let matrix = go_matrix();
+    for go in &matrix {
+        let v = &go.version;
+        let path = build_workload("stw", go, "-nobuildinfo-stripped", &["-ldflags=-s -w"]);
+        remove_buildinfo(&path, false);
+        let bin = GoBinary::open(&path).unwrap();
+        assert_eq!(bin.version_source, VersionSource::BuildVersionCode);
+        assert_eq!(bin.version_string, format!("go{v}"));
+        let out = Command::new(GOSTW)
+            .args(["run", "--json", "--"])
+            .arg(&path)
+            .args(STW_ARGS)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running gostw");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "Go {v}: gostw run failed: {}\n{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let t = parse_traced(&stdout);
+        let report: StwReport = parse_report(&stdout);
+        let count = |reason: &str| t.pauses.iter().filter(|p| p["reason"] == reason).count();
+        let is_gc =
+            |p: &&serde_json::Value| StwReason(p["reason_code"].as_u64().unwrap() as u32).is_gc();
+        let gc: Vec<&serde_json::Value> = t.pauses.iter().filter(is_gc).collect();
+        let other = t.pauses.len() - gc.len();
+        eprintln!(
+            "Go {v} without .go.buildinfo: {} GC pauses, {other} other; {report:?}",
+            gc.len()
+        );
+        assert!(t.pauses.iter().all(|p| p["pid"] == report.pid));
+        assert_eq!(
+            count("read_mem_stats"),
+            STW_READ_MEM_STATS as usize,
+            "Go {v}"
+        );
+        assert_eq!(count("gomaxprocs"), STW_GOMAXPROCS as usize, "Go {v}");
+        assert_eq!(count("unknown"), 0, "Go {v}");
+        if go.major_minor() >= (1, 22) {
+            assert_eq!(gc.len() as i64, report.stw_gc, "Go {v}: GC pauses");
+            assert_eq!(other as i64, report.stw_other, "Go {v}: other pauses");
+            let gc_ns: u64 = gc.iter().map(|p| p["duration_ns"].as_u64().unwrap()).sum();
+            assert_eq!(gc_ns, report.pause_total_ns, "Go {v}: GC pause time");
+        } else {
+            assert_eq!(gc.len() as u64, 2 * report.num_gc, "Go {v}: 2 x NumGC");
+            assert_eq!(
+                other as u64,
+                STW_READ_MEM_STATS + STW_GOMAXPROCS,
+                "Go {v}: other pauses"
+            );
+        }
+        let summary = t.summary.as_ref().expect("gostw printed no summary");
+        assert_eq!(summary["processes"][0]["pauses"], t.pauses.len());
+        assert_eq!(summary["lost"]["total"], 0, "{summary}");
+    }
+
+    // attach --pid to one running, as an SRE would.
+    let go = matrix.iter().max_by_key(|g| g.major_minor()).unwrap();
+    let path = build_workload("stw", go, "-nobuildinfo-stripped", &["-ldflags=-s -w"]);
+    remove_buildinfo(&path, false);
+    let workload = Command::new(&path)
+        .args(["-duration", "4s", "-alloc-mb", "32", "-gc", "2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = workload.id();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out = Command::new(GOSTW)
+        .args(["attach", "--pid", &pid.to_string(), "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gostw attach failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let w = workload.wait_with_output().unwrap();
+    assert!(w.status.success());
+    let report: StwReport = parse_report(&String::from_utf8_lossy(&w.stdout));
+    let t = parse_traced(&String::from_utf8_lossy(&out.stdout));
+    let go_count = (report.stw_gc + report.stw_other) as usize;
+    eprintln!("attach: {} pauses of {go_count} Go counted", t.pauses.len());
+    assert!(t.pauses.iter().all(|p| p["pid"] == pid));
+    assert!(t.pauses.len() >= 10, "too few pauses: {}", t.pauses.len());
+    assert!(t.pauses.len() <= go_count);
+}
+
+/// Write a Go program embedding `mb` MB of data (an executable of that size
+/// plus ~2 MB, like services that embed their web assets) and build it with
+/// `build_args`; with `-wait` it blocks until its standard input closes.
+fn large_go_binary(go: &GoToolchain, mb: usize, variant: &str, build_args: &[&str]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gostw-large-{mb}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("go.mod"), "module large\n\ngo 1.19\n").unwrap();
+    std::fs::write(
+        dir.join("main.go"),
+        r#"// Command large is a Go program of a given size: it embeds blob.bin.
+package main
+
+import (
+	_ "embed"
+	"fmt"
+	"io"
+	"os"
+)
+
+//go:embed blob.bin
+var blob []byte
+
+func main() {
+	fmt.Println(len(blob), blob[len(blob)/3])
+	if len(os.Args) > 1 && os.Args[1] == "-wait" {
+		io.Copy(io.Discard, os.Stdin)
+	}
+}
+"#,
+    )
+    .unwrap();
+    let blob = dir.join("blob.bin");
+    if std::fs::metadata(&blob).map(|m| m.len()).ok() != Some((mb << 20) as u64) {
+        // Incompressible bytes (xorshift), written in pieces.
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&blob).unwrap());
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut chunk = vec![0u8; 1 << 20];
+        for _ in 0..mb {
+            for w in chunk.chunks_exact_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                w.copy_from_slice(&x.to_le_bytes());
+            }
+            f.write_all(&chunk).unwrap();
+        }
+        f.flush().unwrap();
+    }
+    let out = dir.join(format!("gostw-large{variant}"));
+    let status = Command::new(&go.go)
+        .current_dir(&dir)
+        .arg("build")
+        .args(build_args)
+        .arg("-o")
+        .arg(&out)
+        .arg(".")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-buildvcs=false")
+        .env("GOPROXY", "off")
+        .env("CGO_ENABLED", "0")
+        .status()
+        .unwrap();
+    assert!(status.success(), "building the large Go program failed");
+    out
+}
+
+/// Size of the large binary the memory tests build (MB of embedded data);
+/// `GOSTW_LARGE_BINARY_MB` overrides it (README's 500 MB figure).
+fn large_mb() -> usize {
+    std::env::var("GOSTW_LARGE_BINARY_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(110)
+}
+
+/// `Name:  N kB` lines of /proc/PID/status, in KB.
+fn status_kb(pid: u32) -> BTreeMap<String, u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            let kb = v.trim().strip_suffix(" kB")?.parse().ok()?;
+            Some((k.to_owned(), kb))
+        })
+        .collect()
+}
+
+/// Analysing an executable does not read it into memory: in this process,
+/// everything the agent and `gostw run` do with a >= 100 MB Go binary
+/// (unstripped: symbol table and DWARF read; stripped without
+/// .go.buildinfo: the version and allglen decoded from code) — open it,
+/// struct offsets, the probed functions and their RETs, allglen, a
+/// symbolizer and the stack-growth symbols, symbolizing PCs all over its
+/// code — adds under 64 MB to the peak resident set (VmHWM, file pages
+/// included), against a baseline taken after resetting the peak.
+#[test]
+fn analysing_a_large_binary_keeps_memory_small() {
+    let go = newest_go();
+    let mb = large_mb();
+    let plain = large_go_binary(&go, mb, "", &[]);
+    let stripped = large_go_binary(&go, mb, "-nobuildinfo-stripped", &["-ldflags=-s -w"]);
+    remove_buildinfo(&stripped, false);
+    let me = std::process::id();
+    for path in [&plain, &stripped] {
+        let size = std::fs::metadata(path).unwrap().len();
+        assert!(
+            size >= (mb as u64) << 20,
+            "{} is {size} bytes",
+            path.display()
+        );
+        // Writing 5 resets VmHWM to the current resident set.
+        std::fs::write("/proc/self/clear_refs", "5").unwrap();
+        let before = status_kb(me);
+        let bin = GoBinary::open(path).unwrap();
+        let offsets = bin.struct_offsets().unwrap();
+        for &name in PROBED_FUNCTIONS {
+            bin.function(name).unwrap();
+        }
+        let allglen = bin.allglen();
+        let pcs = sample_pcs(&bin, 13);
+        // The one analysis symbolization and stack growth use (it opens the
+        // file again, as the tracer does).
+        let sym = ExecutableImage::open(path).unwrap();
+        let named = pcs.iter().filter(|&&pc| !sym.frames(pc).is_empty()).count();
+        let frame = pcs.iter().filter_map(|&pc| sym.max_frame(pc)).count();
+        let after = status_kb(me);
+        let added = |k: &str| after[k] as i64 - before[k] as i64;
+        let peak_added = after["VmHWM"] as i64 - before["VmRSS"] as i64;
+        eprintln!(
+            "analysing {} ({} MB, {}): peak +{} MB (VmHWM {} MB from VmRSS {} MB); now \
+             RssAnon {:+} MB, RssFile {:+} MB",
+            path.display(),
+            size >> 20,
+            if bin.has_symtab {
+                "unstripped"
+            } else {
+                "stripped, no .go.buildinfo"
+            },
+            peak_added >> 10,
+            after["VmHWM"] >> 10,
+            before["VmRSS"] >> 10,
+            added("RssAnon") >> 10,
+            added("RssFile") >> 10,
+        );
+        assert!(peak_added < 64 << 10, "peak grew by {peak_added} KB");
+        // And the analysis is complete and right.
+        assert_eq!(bin.version_string, format!("go{}", go.version));
+        assert_eq!(
+            offsets.fields["g.goid"].source,
+            if bin.has_dwarf {
+                OffsetSource::Dwarf
+            } else {
+                OffsetSource::TypeDescriptors
+            }
+        );
+        assert!(allglen.is_some() && sym.binary.allglen() == allglen);
+        assert_eq!(named, pcs.len(), "every sampled PC is in a function");
+        assert!(frame > 0, "no frame size read from a prologue");
+    }
+}
+
+/// The agent's own memory while it traces a process of a >= 100 MB Go
+/// binary: the peak (VmHWM) stays under 64 MB; RssAnon and RssFile are
+/// printed (mapped file pages are page cache the kernel can reclaim).
+#[test]
+fn agent_tracing_a_large_binary_keeps_memory_small() {
+    require_root();
+    let go = newest_go();
+    let mb = large_mb();
+    let path = large_go_binary(&go, mb, "", &[]);
+    let dir = path.parent().unwrap().to_owned();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut agent = Command::new(GOSTW)
+        .args(["agent", "--listen", &format!("127.0.0.1:{port}")])
+        .args([
+            "--match",
+            &format!("^{}/", regex_escape(&dir.display().to_string())),
+        ])
+        .args(["--poll-interval", "200ms"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut program = Command::new(&path)
+        .arg("-wait")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let exe_label = format!(
+        "executable=\"{}\"",
+        path.file_name().unwrap().to_str().unwrap()
+    );
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    let traced = loop {
+        let body = http_get(port, "/metrics").unwrap_or_default();
+        if body
+            .lines()
+            .any(|l| l.starts_with("gostw_traced_processes{") && l.contains(&exe_label))
+        {
+            break true;
+        }
+        if Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    };
+    let status = status_kb(agent.id());
+    drop(program.stdin.take());
+    let _ = program.wait();
+    let _ = agent.kill();
+    let _ = agent.wait();
+    assert!(traced, "the agent did not trace {}", path.display());
+    let size = std::fs::metadata(&path).unwrap().len();
+    eprintln!(
+        "gostw agent tracing {} ({} MB): VmHWM {} MB, VmRSS {} MB, RssAnon {} MB, RssFile {} MB",
+        path.display(),
+        size >> 20,
+        status["VmHWM"] >> 10,
+        status["VmRSS"] >> 10,
+        status["RssAnon"] >> 10,
+        status["RssFile"] >> 10
+    );
+    assert!(status["VmHWM"] < 64 << 10, "{status:?}");
+}
+
+fn regex_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            let special = "\\.+*?()|[]{}^$".contains(c);
+            special.then_some('\\').into_iter().chain([c])
+        })
+        .collect()
+}
+
+/// GET over loopback; the body, or None when nothing answers yet.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = String::new();
+    std::io::Read::read_to_string(&mut s, &mut raw).ok()?;
+    raw.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+}
+
+/// Every key `gostw inspect --json` prints, at every depth (function and
+/// struct-offset names included), is documented in README's inspect schema:
+/// for a plain, a stripped, a stripped buildinfo-less and an arm64 binary,
+/// and for a running process (`--pid`).
+#[test]
+fn inspect_json_keys_are_documented_in_readme() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let start = readme
+        .find("### JSON schema (`schema_version` 1)")
+        .expect("README has the inspect JSON schema");
+    let section = &readme[start..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+    // Words inside backticks: `key`, `{address, size}`, `"value"`.
+    let documented: std::collections::BTreeSet<String> = section
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .flat_map(|code| {
+            code.split(|c: char| !(c.is_alphanumeric() || "._".contains(c)))
+                .filter(|w| !w.is_empty())
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    fn keys(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    out.push(format!("{path}{k}"));
+                    keys(v, &format!("{path}{k}/"), out);
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| keys(v, path, out)),
+            _ => {}
+        }
+    }
+    let newest = builds().last().unwrap();
+    let mut seen = Vec::new();
+    for variant in ["exe", "stripped", "nobuildinfo-stripped", "arm64-stripped"] {
+        let b = sibling(newest, variant);
+        let (ok, stdout, stderr) = gostw_inspect(&["--json", b.path.to_str().unwrap()]);
+        assert!(ok, "{}: {stderr}", b.label());
+        keys(&serde_json::from_str(&stdout).unwrap(), "", &mut seen);
+    }
+    let exe = sibling(newest, "exe");
+    let (child, _) = start_waiting(&exe.path, &[]);
+    let (ok, stdout, stderr) = gostw_inspect(&["--json", "--pid", &child.id().to_string()]);
+    stop(child);
+    assert!(ok, "--pid: {stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(v["process"].is_object(), "{v}");
+    keys(&v, "", &mut seen);
+    seen.sort();
+    seen.dedup();
+    let missing: Vec<&String> = seen
+        .iter()
+        .filter(|path| !documented.contains(path.rsplit('/').next().unwrap()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "keys of gostw inspect --json missing from README's schema: {missing:?}"
+    );
+    eprintln!("{} JSON keys of gostw inspect are documented", seen.len());
 }

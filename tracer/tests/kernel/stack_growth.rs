@@ -12,12 +12,13 @@ use std::{
 
 use serde::Deserialize;
 use tracer::{
+    binary::{AllglenSource, GoBinary},
     kernel::{
         CoreOptions,
         stacks::{DutyCycle, StackGrowthOptions},
     },
     sink::report::{Output, ReportSink, View},
-    stackgrowth::{Mode, StackGrowthSummary},
+    stackgrowth::{Mode, StackGrowthSummary, goroutines},
     targets::child::StoppedChild,
 };
 
@@ -348,4 +349,81 @@ fn exact_mode_duty_cycle_reports_the_attached_share() {
     let scaled = per_elapsed / s.attached_fraction;
     assert!((s.growths_per_sec.unwrap() / scaled - 1.0).abs() < 0.01);
     assert!(s.growths_per_sec.unwrap() > 1.5 * per_elapsed);
+}
+
+/// The `GOSTW_REPORT` line and gostw's JSON summary in one output.
+fn report_and_summary(stdout: &str) -> (StackReport, serde_json::Value) {
+    let report: StackReport = parse_report(stdout);
+    let json = stdout
+        .lines()
+        .rfind(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON summary in {stdout}"));
+    (report, serde_json::from_str(json).unwrap())
+}
+
+/// On a stripped server (no symbol table: runtime.allglen and allgs are
+/// found from runtime.allgadd's code) the memory estimate names a goroutine
+/// count within 2x of the program's own peak runtime.NumGoroutine, through
+/// `gostw stacks` and through `gostw run`'s summary, for a small server and
+/// a busier one (a goroutine per connection, clients in the same process).
+#[test]
+fn stripped_server_goroutine_count_is_within_2x_of_num_goroutine() {
+    require_root();
+    let go = newest_go();
+    let path = build_workload("stackgrowth", &go, "-stripped", &["-ldflags=-s -w"]);
+    let binary = GoBinary::open(&path).unwrap();
+    assert!(!binary.has_symtab);
+    let allglen = binary
+        .allglen()
+        .expect("runtime.allglen of a stripped binary");
+    assert_eq!(allglen.source, AllglenSource::AllgaddCode);
+    let check = |what: &str, report: &StackReport, rec: &serde_json::Value| {
+        let n = rec["goroutines"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{what}: no goroutine count in {rec}"));
+        let peak = report.peak_goroutines;
+        eprintln!("{what}: gostw counts {n} goroutines, NumGoroutine peaked at {peak}");
+        assert_eq!(rec["goroutines_source"], goroutines::SOURCE, "{what}");
+        assert!(
+            n * 2 >= peak && n <= peak * 2,
+            "{what}: {n} goroutines against NumGoroutine {peak}"
+        );
+    };
+    for clients in ["4", "32"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_gostw"))
+            .args(["stacks", "--json", "--sample-hz", "499", "--"])
+            .arg(&path)
+            .args(["-mode", "server", "-duration", "3s", "-clients", clients])
+            .output()
+            .expect("running gostw stacks");
+        assert!(
+            out.status.success(),
+            "gostw stacks failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (report, s) = report_and_summary(&String::from_utf8_lossy(&out.stdout));
+        check(
+            &format!("gostw stacks, {clients} clients"),
+            &report,
+            &s["recommendation"],
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_gostw"))
+        .args(["run", "--json", "--"])
+        .arg(&path)
+        .args(["-mode", "server", "-duration", "3s", "-clients", "8"])
+        .output()
+        .expect("running gostw run");
+    assert!(
+        out.status.success(),
+        "gostw run failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (report, s) = report_and_summary(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(s["type"], "summary");
+    check(
+        "gostw run, 8 clients",
+        &report,
+        &s["stack_growth"]["recommendation"],
+    );
 }
