@@ -7,6 +7,7 @@ mod bench;
 mod cmd;
 mod demo;
 mod go;
+mod pageout;
 mod scenario;
 mod setup;
 mod soak;
@@ -37,7 +38,8 @@ enum Task {
     /// Run `gostw agent` for a while as Go processes come and go; report its
     /// RSS and CPU (not part of CI).
     SoakAgent(soak::Options),
-    /// Run a reproduction scenario with its report (kernel test, verbose).
+    /// Run a reproduction scenario: pageout with `gostw run`'s own output,
+    /// the others as their kernel test, verbose.
     Scenario(scenario::Options),
     /// (internal) The page-fault-heavy program `bench faults` times.
     #[command(hide = true)]
