@@ -83,14 +83,6 @@ pub fn build_workload(
         .join("target/go-workloads")
         .join(version)
         .join(name);
-    exec(
-        Command::new(toolchain.go())
-            .current_dir(workspace_root().join("scripts/workloads").join(name))
-            .args(["build", "-o"])
-            .arg(&out)
-            .arg(".")
-            .env("GOTOOLCHAIN", "local")
-            .env("GOFLAGS", "-buildvcs=false"),
-    )?;
+    exec(&mut toolchain.build(name, &[], &out))?;
     Ok(out)
 }

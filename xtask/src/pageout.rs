@@ -18,7 +18,7 @@ use std::{
     io::BufReader,
     os::unix::{ffi::OsStrExt as _, process::CommandExt as _},
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::atomic::{AtomicBool, Ordering},
 };
 
@@ -27,7 +27,7 @@ use gostw_scenario::{
     GcSwapControl, MemCgroup, PAGEOUT_ARGS, PAGEOUT_ENV, PAGEOUT_ROUNDS, SwapFile,
 };
 
-use crate::cmd::step;
+use crate::cmd::{Reaped, step};
 
 /// Live lines for pauses of at least this long: an ordinary GC pause of
 /// gcswap takes 0.1-0.3 ms here, one after a page-out several ms.
@@ -191,18 +191,6 @@ fn seconds(s: Option<f64>) -> String {
         Some(s) if s < 1e-3 => format!("{:.1} us", s * 1e6),
         Some(s) if s < 1.0 => format!("{:.2} ms", s * 1e3),
         Some(s) => format!("{s:.2} s"),
-    }
-}
-
-/// A child killed and reaped on drop unless it already exited.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            let _ = self.0.kill();
-        }
-        let _ = self.0.wait();
     }
 }
 

@@ -13,7 +13,7 @@ use std::{
     io::{BufReader, Read as _, Write as _},
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
-    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    process::{ChildStdin, ChildStdout, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -21,7 +21,7 @@ use anyhow::{Context as _, bail};
 use gostw_scenario::GcSwapControl;
 
 use crate::{
-    cmd::{step, workspace_root},
+    cmd::{Reaped, step, workspace_root},
     go, setup,
 };
 
@@ -39,19 +39,6 @@ pub struct Options {
     /// SIGKILL and restart the agent this often, in seconds (0: never).
     #[arg(long, default_value_t = 60)]
     pub kill_every: u64,
-}
-
-/// Children killed and reaped on drop, whatever happens.
-#[derive(Default)]
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 pub fn run(opts: &Options) -> anyhow::Result<()> {
@@ -72,9 +59,8 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     step("discovery latency: Go process started -> traced (10 runs)");
     let mut latencies = Vec::new();
     for _ in 0..10 {
-        let mut probe = Children::default();
         let t0 = Instant::now();
-        probe.0.push(
+        let probe = Reaped(
             Command::new(&bins[0])
                 .args(["-duration", "3s", "-gc", "0", "-alloc-mb", "1"])
                 .stdout(Stdio::null())
@@ -120,7 +106,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         }
     ));
     let total = Duration::from_secs_f64(opts.minutes * 60.0);
-    let mut workloads = Children::default();
+    let mut workloads: Vec<Reaped> = Vec::new();
     let mut started_count = 0u64;
     let mut crashed = Vec::new();
     let mut samples: Vec<(f64, u64)> = Vec::new();
@@ -132,21 +118,19 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let mut next_gc = Instant::now();
     print_header();
     while started.elapsed() < total {
-        for c in &mut workloads.0 {
+        for Reaped(c) in &mut workloads {
             if let Some(status) = c.try_wait()?
                 && !status.success()
             {
                 crashed.push(format!("pid {}: {status}", c.id()));
             }
         }
-        workloads
-            .0
-            .retain_mut(|c| c.try_wait().ok().flatten().is_none());
-        while workloads.0.len() < opts.concurrent {
+        workloads.retain_mut(|Reaped(c)| c.try_wait().ok().flatten().is_none());
+        while workloads.len() < opts.concurrent {
             let bin = &bins[(started_count % 2) as usize];
             // 1-4 s lives, so processes and executables come and go often.
             let secs = 1 + started_count % 4;
-            workloads.0.push(
+            workloads.push(Reaped(
                 Command::new(bin)
                     .args([
                         "-duration",
@@ -160,7 +144,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                     .stdout(Stdio::null())
                     .spawn()
                     .context("starting a workload")?,
-            );
+            ));
             started_count += 1;
         }
         if Instant::now() >= next_gc {
@@ -193,7 +177,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             }
             next_sample = now + Duration::from_secs(opts.sample_secs);
         }
-        if agent.child.try_wait()?.is_some() {
+        if agent.child.0.try_wait()?.is_some() {
             bail!("the agent exited during the soak (not killed by the soak)");
         }
         if let Some(every) = kill_every
@@ -261,7 +245,7 @@ fn traced(port: u16, ok: impl Fn(f64) -> bool) -> bool {
 
 /// A running `gostw agent`, killed on drop.
 struct Agent {
-    child: Child,
+    child: Reaped,
     pid: u32,
     started: Instant,
 }
@@ -285,7 +269,7 @@ impl Agent {
             .context("starting gostw agent")?;
         let agent = Agent {
             pid: child.id(),
-            child,
+            child: Reaped(child),
             started: Instant::now(),
         };
         while metrics(port).is_none() {
@@ -307,13 +291,6 @@ impl Agent {
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(self.started.elapsed())
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -354,8 +331,8 @@ fn kill_and_check(agent: &mut Agent, anchor: u32) -> anyhow::Result<KillReport> 
             held.progs.len()
         );
     }
-    agent.child.kill()?;
-    agent.child.wait()?;
+    agent.child.0.kill()?;
+    agent.child.0.wait()?;
     let freed_in = leftovers::wait_freed(&held, Duration::from_secs(10))?;
     let patched_after = leftovers::patched_text_bytes(anchor)?;
     if patched_after != 0 {
@@ -374,7 +351,7 @@ fn kill_and_check(agent: &mut Agent, anchor: u32) -> anyhow::Result<KillReport> 
 /// The traced program that lives through the soak: gcswap with a small
 /// heap, one GC a second; it must exit cleanly at the end.
 struct Anchor {
-    child: Child,
+    child: Reaped,
     pid: u32,
     control: GcSwapControl<BufReader<ChildStdout>, ChildStdin>,
 }
@@ -394,7 +371,7 @@ impl Anchor {
         control.ready(&mut |_| {})?;
         Ok(Anchor {
             pid: child.id(),
-            child,
+            child: Reaped(child),
             control,
         })
     }
@@ -409,21 +386,12 @@ impl Anchor {
     /// Ask gcswap to exit; its GC count, once it exited with status 0.
     fn quit(&mut self) -> anyhow::Result<u64> {
         let report = self.control.quit(&mut |_| {})?;
-        let status = self.child.wait()?;
+        let status = self.child.0.wait()?;
         if !status.success() {
             bail!("the traced gcswap exited with {status}");
         }
         let v: serde_json::Value = serde_json::from_str(&report)?;
         v["gcs"].as_u64().context("gcswap's report has no gcs")
-    }
-}
-
-impl Drop for Anchor {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
     }
 }
 

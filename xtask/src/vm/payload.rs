@@ -108,19 +108,10 @@ pub fn build_workloads(toolchain: go::Toolchain, out: &Path) -> anyhow::Result<(
     names.sort();
     for name in &names {
         for (variant, args) in WORKLOAD_VARIANTS {
-            exec(
-                Command::new(toolchain.go())
-                    .current_dir(sources.join(name))
-                    .arg("build")
-                    .args(*args)
-                    .arg("-o")
-                    .arg(dir.join(format!("{name}{variant}")))
-                    .arg(".")
-                    .env("GOTOOLCHAIN", "local")
-                    .env("GOFLAGS", "-buildvcs=false")
-                    .env("GOPROXY", "off"),
-            )
-            .with_context(|| format!("building workload {name} with Go {}", toolchain.version))?;
+            exec(&mut toolchain.build(name, args, &dir.join(format!("{name}{variant}"))))
+                .with_context(|| {
+                    format!("building workload {name} with Go {}", toolchain.version)
+                })?;
         }
     }
     Ok(())
