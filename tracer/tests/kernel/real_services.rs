@@ -27,7 +27,7 @@ use serde_json::Value;
 
 use crate::{
     loopback::{free_port, http_get, load, samples, wait_until},
-    support::require_root,
+    support::{monotonic_ns, require_root},
 };
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
@@ -74,17 +74,6 @@ impl Drop for Scratch {
 fn signal(pid: u32, sig: libc::c_int) {
     // SAFETY: plain kill(2) of a process this test started.
     unsafe { libc::kill(pid as libc::pid_t, sig) };
-}
-
-/// CLOCK_MONOTONIC now, ns (the clock of pause records' `start_mono_ns`).
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// A GC pause gostw reported.
