@@ -29,13 +29,48 @@ pub enum PclnFormat {
 
 /// Where a PC comes from in the source; innermost inlined call first when a
 /// PC yields several.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Frame {
     pub function: String,
+    /// Empty when unknown.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub file: String,
+    /// 0 when unknown.
+    #[serde(skip_serializing_if = "is_zero")]
     pub line: u32,
     /// Inlined into the frame that follows it.
     pub inlined: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl Frame {
+    /// A frame for an address no table knows: named by the address.
+    pub fn unknown(pc: u64) -> Frame {
+        Frame {
+            function: format!("{pc:#x}"),
+            file: String::new(),
+            line: 0,
+            inlined: false,
+        }
+    }
+}
+
+/// `function (file:line)`, or just the function when the place is unknown.
+impl std::fmt::Display for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.function)?;
+        if !self.file.is_empty() {
+            write!(f, " ({}", self.file)?;
+            if self.line != 0 {
+                write!(f, ":{}", self.line)?;
+            }
+            f.write_str(")")?;
+        }
+        Ok(())
+    }
 }
 
 /// The parsed header of a function table and what it needs to resolve

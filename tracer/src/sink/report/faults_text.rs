@@ -2,13 +2,17 @@
 
 use std::fmt::Write as _;
 
-use super::correlate::{FaultSite, FaultSummary, FaultTotals};
+use super::faults::FaultSummary;
+use crate::engine::fault::{FaultSite, FaultTotals};
 
 fn ms(ns: u64) -> String {
     format!("{:.3} ms", ns as f64 / 1e6)
 }
 
 fn totals(t: &FaultTotals) -> String {
+    if t.faults == 0 {
+        return "no major faults".to_owned();
+    }
     let unknown = if t.unknown_kind > 0 {
         format!(", {} of unknown kind", t.unknown_kind)
     } else {
@@ -64,6 +68,10 @@ pub fn render_text(summary: &FaultSummary, max_pauses: usize) -> String {
         );
     }
     for p in &summary.processes {
+        if p.all.faults == 0 {
+            let _ = writeln!(out, "pid {}: no major faults ({} pauses)", p.tgid, p.pauses);
+            continue;
+        }
         let _ = writeln!(out, "pid {}: {}", p.tgid, totals(&p.all));
         let _ = writeln!(
             out,
@@ -108,33 +116,51 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::faults::correlate::{Fault, FaultCorrelator, FaultKind, PauseWindow};
+    use crate::{
+        engine::{
+            correlate::tests_support::record,
+            fault::{Fault, FaultKind},
+            observed::ObservedPause,
+        },
+        image::Frame,
+        sink::report::faults::FaultReport,
+    };
 
     #[test]
     fn text_names_pause_sites_and_split() {
-        let mut c = FaultCorrelator::new("tracepoint");
-        c.add_window(PauseWindow {
-            tgid: 1,
-            stopper_tid: 1,
-            start_ns: 0,
-            end_ns: 40_000_000,
+        let mut r = FaultReport::default();
+        r.set_backend("tracepoint");
+        r.process(2);
+        r.pause(&ObservedPause {
+            record: record(1, 0, 40_000_000),
+            faults: vec![Fault {
+                tgid: 1,
+                tid: 1,
+                begin_ns: 1,
+                end_ns: 39_000_001,
+                address: 0,
+                kind: FaultKind::SwapIn,
+                blocked_ns: 38_000_000,
+                wait_own_ns: 38_000_000,
+                wait_other_ns: 0,
+                stack: Arc::from(vec![Frame {
+                    function: "runtime.(*spanSet).reset".into(),
+                    file: String::new(),
+                    line: 0,
+                    inlined: false,
+                }]),
+            }],
         });
-        c.add_fault(Fault {
-            tgid: 1,
-            tid: 1,
-            begin_ns: 1,
-            end_ns: 39_000_001,
-            address: 0,
-            kind: FaultKind::SwapIn,
-            blocked_ns: 38_000_000,
-            wait_own_ns: 38_000_000,
-            wait_other_ns: 0,
-            stack: Arc::from(vec!["runtime.(*spanSet).reset".to_owned()]),
-        });
-        let text = render_text(&c.summary(), 5);
+        let text = render_text(&r.summary(), 5);
         assert!(text.contains("1 with major faults"), "{text}");
         assert!(text.contains("39.000 ms in faults"), "{text}");
         assert!(text.contains("runtime.(*spanSet).reset"), "{text}");
         assert!(text.contains("stopping thread 1: 1"), "{text}");
+        // A process without faults is one line, not a row of zeros.
+        assert!(text.contains("pid 2: no major faults (0 pauses)"), "{text}");
+        assert!(
+            text.ends_with("pid 2: no major faults (0 pauses)\n"),
+            "{text}"
+        );
     }
 }

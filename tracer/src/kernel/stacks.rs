@@ -19,14 +19,14 @@ use tracer_common::{
     stack::{StackConfig, StackSiteCounts, StackSiteKey},
 };
 
-use super::{Mode, StackGrowthAggregator};
+use super::object::Object;
 use crate::{
     binary::{COPYSTACK, GoBinary},
-    ebpf::Programs,
+    stackgrowth::{Mode, StackGrowthAggregator},
 };
 
-const EXACT_PROGRAM: &str = "stack_copy";
-const SAMPLED_PROGRAM: &str = "stack_sample";
+const EXACT_PROGRAM: &str = tracer_common::program_names::STACK_COPY;
+const SAMPLED_PROGRAM: &str = tracer_common::program_names::STACK_SAMPLE;
 
 /// When the exact-mode uprobe is attached: `on` out of every `period`, and
 /// within a window only until `max_events` copies were seen.
@@ -100,23 +100,24 @@ pub struct StackGrowthProbes {
 }
 
 impl StackGrowthProbes {
-    /// Load and attach the programs of `opts.mode` for `binary`. Tracing a
-    /// process still needs `Programs::trace` (or `Session::trace_process`).
+    /// Load and attach the programs of `opts.mode` for `binary`, whose file
+    /// is reached at `path`. Tracing a process still needs `Object::trace`.
     pub fn attach(
-        programs: &mut Programs,
+        programs: &mut Object,
         binary: &GoBinary,
+        path: &std::path::Path,
         opts: StackGrowthOptions,
     ) -> anyhow::Result<StackGrowthProbes> {
         let copystack_offset = match opts.mode {
             Mode::Exact => binary.function(COPYSTACK)?.file_offset,
             Mode::Sampled => 0,
         };
-        Self::start(programs, binary.path.clone(), copystack_offset, opts)
+        Self::start(programs, path.to_owned(), copystack_offset, opts)
     }
 
     /// The sampled mode alone, for every traced process of the machine (its
     /// perf events are per CPU, not per executable): one for a whole agent.
-    pub fn sampler(programs: &mut Programs, sample_hz: u64) -> anyhow::Result<StackGrowthProbes> {
+    pub fn sampler(programs: &mut Object, sample_hz: u64) -> anyhow::Result<StackGrowthProbes> {
         let opts = StackGrowthOptions {
             mode: Mode::Sampled,
             sample_hz,
@@ -126,17 +127,13 @@ impl StackGrowthProbes {
     }
 
     fn start(
-        programs: &mut Programs,
+        programs: &mut Object,
         binary: std::path::PathBuf,
         copystack_offset: u64,
         opts: StackGrowthOptions,
     ) -> anyhow::Result<StackGrowthProbes> {
-        let mut config: Array<_, StackConfig> = Array::try_from(
-            programs
-                .ebpf_mut()
-                .map_mut(map_names::STACK_CONFIG)
-                .context("map STACK_CONFIG missing from the eBPF object")?,
-        )?;
+        let mut config: Array<_, StackConfig> =
+            Array::try_from(programs.map_mut(map_names::STACK_CONFIG)?)?;
         config.set(
             0,
             StackConfig {
@@ -171,20 +168,11 @@ impl StackGrowthProbes {
         self.tgids.push(tgid);
     }
 
-    fn uprobe_program(programs: &mut Programs) -> anyhow::Result<&mut UProbe> {
-        let prog: &mut UProbe = programs
-            .ebpf_mut()
-            .program_mut(EXACT_PROGRAM)
-            .context("program stack_copy missing from the eBPF object")?
-            .try_into()?;
-        if prog.fd().is_err() {
-            prog.load()
-                .context("the kernel rejected program stack_copy")?;
-        }
-        Ok(prog)
+    fn uprobe_program(programs: &mut Object) -> anyhow::Result<&mut UProbe> {
+        programs.program::<UProbe>(EXACT_PROGRAM)
     }
 
-    fn attach_uprobe(&mut self, programs: &mut Programs) -> anyhow::Result<()> {
+    fn attach_uprobe(&mut self, programs: &mut Object) -> anyhow::Result<()> {
         let (offset, path) = (self.copystack_offset, self.binary.clone());
         let t = Instant::now();
         let link = Self::uprobe_program(programs)?
@@ -201,7 +189,7 @@ impl StackGrowthProbes {
         Ok(())
     }
 
-    fn detach_uprobe(&mut self, programs: &mut Programs) -> anyhow::Result<()> {
+    fn detach_uprobe(&mut self, programs: &mut Object) -> anyhow::Result<()> {
         if let Some(link) = self.uprobe.take() {
             let t = Instant::now();
             Self::uprobe_program(programs)?.detach(link)?;
@@ -213,16 +201,8 @@ impl StackGrowthProbes {
         Ok(())
     }
 
-    fn attach_sampler(&mut self, programs: &mut Programs) -> anyhow::Result<()> {
-        let prog: &mut PerfEvent = programs
-            .ebpf_mut()
-            .program_mut(SAMPLED_PROGRAM)
-            .context("program stack_sample missing from the eBPF object")?
-            .try_into()?;
-        if prog.fd().is_err() {
-            prog.load()
-                .context("the kernel rejected program stack_sample")?;
-        }
+    fn attach_sampler(&mut self, programs: &mut Object) -> anyhow::Result<()> {
+        let prog = programs.program::<PerfEvent>(SAMPLED_PROGRAM)?;
         let cpus =
             aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("reading {what}: {e}"))?;
         for cpu in cpus {
@@ -240,7 +220,7 @@ impl StackGrowthProbes {
         Ok(())
     }
 
-    fn hits(&self, programs: &Programs) -> u64 {
+    fn hits(&self, programs: &Object) -> u64 {
         self.tgids
             .iter()
             .map(|&t| programs.probe_hits(t, Probe::Copystack).unwrap_or(0))
@@ -248,7 +228,7 @@ impl StackGrowthProbes {
     }
 
     /// Drive the exact mode's duty cycle; call a few times a second.
-    pub fn tick(&mut self, programs: &mut Programs) -> anyhow::Result<()> {
+    pub fn tick(&mut self, programs: &mut Object) -> anyhow::Result<()> {
         if self.opts.mode != Mode::Exact {
             return Ok(());
         }
@@ -274,7 +254,7 @@ impl StackGrowthProbes {
     /// Put what the kernel counted for `tgid` into `agg`.
     pub fn collect(
         &self,
-        programs: &Programs,
+        programs: &Object,
         tgid: u32,
         agg: &mut StackGrowthAggregator,
     ) -> anyhow::Result<()> {
@@ -291,15 +271,11 @@ impl StackGrowthProbes {
         Ok(())
     }
 
-    /// Detach everything (also done when `Programs` is dropped).
-    pub fn detach(mut self, programs: &mut Programs) -> anyhow::Result<()> {
+    /// Detach everything (also done when `Object` is dropped).
+    pub fn detach(mut self, programs: &mut Object) -> anyhow::Result<()> {
         self.detach_uprobe(programs)?;
         if !self.perf_links.is_empty() {
-            let prog: &mut PerfEvent = programs
-                .ebpf_mut()
-                .program_mut(SAMPLED_PROGRAM)
-                .context("program stack_sample missing")?
-                .try_into()?;
+            let prog = programs.program::<PerfEvent>(SAMPLED_PROGRAM)?;
             for link in self.perf_links.drain(..) {
                 prog.detach(link)?;
             }
@@ -311,13 +287,9 @@ impl StackGrowthProbes {
 /// Delete process `tgid`'s rows of `STACK_SITES` (after its last
 /// `collect`), so a long-running tracer does not fill the map with the
 /// counts of processes gone.
-pub fn forget_process(programs: &mut Programs, tgid: u32) -> anyhow::Result<()> {
-    let mut map: PerCpuHashMap<_, StackSiteKey, StackSiteCounts> = PerCpuHashMap::try_from(
-        programs
-            .ebpf_mut()
-            .map_mut(map_names::STACK_SITES)
-            .context("map STACK_SITES missing from the eBPF object")?,
-    )?;
+pub fn forget_process(programs: &mut Object, tgid: u32) -> anyhow::Result<()> {
+    let mut map: PerCpuHashMap<_, StackSiteKey, StackSiteCounts> =
+        PerCpuHashMap::try_from(programs.map_mut(map_names::STACK_SITES)?)?;
     let keys: Vec<StackSiteKey> = map
         .keys()
         .filter_map(Result::ok)
@@ -332,15 +304,11 @@ pub fn forget_process(programs: &mut Programs, tgid: u32) -> anyhow::Result<()> 
 
 /// This process's rows of `STACK_SITES`, summed over CPUs.
 pub fn site_counts(
-    programs: &Programs,
+    programs: &Object,
     tgid: u32,
 ) -> anyhow::Result<Vec<(StackSiteKey, StackSiteCounts)>> {
-    let map: PerCpuHashMap<_, StackSiteKey, StackSiteCounts> = PerCpuHashMap::try_from(
-        programs
-            .ebpf()
-            .map(map_names::STACK_SITES)
-            .context("map STACK_SITES missing from the eBPF object")?,
-    )?;
+    let map: PerCpuHashMap<_, StackSiteKey, StackSiteCounts> =
+        PerCpuHashMap::try_from(programs.map(map_names::STACK_SITES)?)?;
     let mut rows = Vec::new();
     for item in map.iter() {
         let (key, per_cpu) = item?;

@@ -10,13 +10,7 @@ use std::{
 
 use regex::Regex;
 
-/// Identity of an executable file: uprobes live on the inode, so every path
-/// to one file (other mount namespaces, hard links) is the same executable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ExeId {
-    pub dev: u64,
-    pub ino: u64,
-}
+pub use crate::image::ExeId;
 
 /// What the agent reads about a process. Every call may fail because the
 /// process exited in between; callers treat that as "gone".

@@ -1,11 +1,13 @@
-//! Reading the `EVENTS` ring buffer: raw bytes in, checked typed events out.
-//! Decoding never trusts the kernel's bytes to be aligned or long enough.
+//! Decoding the `EVENTS` ring buffer: raw bytes in, checked typed events
+//! out, once for every consumer. Decoding never trusts the kernel's bytes to
+//! be aligned or long enough.
 
-use std::os::fd::AsRawFd as _;
-
-use aya::maps::{MapData, RingBuf};
-use tokio::io::unix::AsyncFd;
-use tracer_common::event::{EventHeader, EventKind};
+use tracer_common::{
+    event::{EventHeader, EventKind},
+    fault::FaultEvent,
+    pause::PauseEvent,
+    stack::StackGrowthEvent,
+};
 
 /// Why an event could not be decoded.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -53,44 +55,61 @@ pub fn decode<T: aya::Pod>(kind: EventKind, bytes: &[u8]) -> Result<T, DecodeErr
     })
 }
 
-/// Async reader over the ring buffer.
-pub struct EventReader {
-    ring: AsyncFd<RingBuf<MapData>>,
+/// A decoded kernel event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    Pause(PauseEvent),
+    Fault(FaultEvent),
+    StackGrowth(StackGrowthEvent),
 }
 
-impl EventReader {
-    /// Wrap the `EVENTS` map taken from the loaded programs.
-    pub fn new(ring: RingBuf<MapData>) -> std::io::Result<Self> {
-        debug_assert!(ring.as_raw_fd() >= 0);
-        // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged,
-        // for as long as it lives, and the AsyncFd owns the RingBuf.
-        let ring = unsafe { AsyncFd::register(ring) }.map_err(std::io::Error::from)?;
-        Ok(EventReader { ring })
+impl Event {
+    /// Decode one raw ring-buffer record: the header once, then its body.
+    pub fn decode(raw: &[u8]) -> Result<Event, DecodeError> {
+        let (_, kind) = header(raw)?;
+        Ok(match kind {
+            EventKind::Pause => Event::Pause(decode(kind, raw)?),
+            EventKind::Fault => Event::Fault(decode(kind, raw)?),
+            EventKind::StackGrowth => Event::StackGrowth(decode(kind, raw)?),
+        })
     }
 
-    /// Wait until events are available, then hand each to `f`. Returns how
-    /// many were handled.
-    pub async fn read_batch(&mut self, mut f: impl FnMut(&[u8])) -> std::io::Result<usize> {
-        let mut guard = self.ring.readable_mut().await?;
-        let ring = guard.get_inner_mut();
-        let mut n = 0;
-        while let Some(item) = ring.next() {
-            f(&item);
-            n += 1;
+    /// The process the event belongs to.
+    pub fn tgid(&self) -> u32 {
+        match self {
+            Event::Pause(e) => e.header.tgid,
+            Event::Fault(e) => e.header.tgid,
+            Event::StackGrowth(e) => e.header.tgid,
         }
-        guard.clear_ready();
-        Ok(n)
+    }
+}
+
+/// Events that reached user space, and those that could not be used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Losses {
+    /// Events decoded and handled.
+    pub handled: u64,
+    /// Header or body shorter than its kind needs.
+    pub malformed: u64,
+    /// A `kind` value this gostw does not know (a newer kernel object).
+    pub unknown_kind: u64,
+    /// A known kind that this trace does not follow (e.g. a fault event while
+    /// faults are not traced).
+    pub unhandled: u64,
+}
+
+impl Losses {
+    /// Events that reached user space but produced nothing.
+    pub fn lost(&self) -> u64 {
+        self.malformed + self.unknown_kind + self.unhandled
     }
 
-    /// Hand every event already in the buffer to `f`, without waiting.
-    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
-        let ring = self.ring.get_mut();
-        let mut n = 0;
-        while let Some(item) = ring.next() {
-            f(&item);
-            n += 1;
+    /// Count a failed decode.
+    pub fn count_error(&mut self, e: &DecodeError) {
+        match e {
+            DecodeError::UnknownKind(_) => self.unknown_kind += 1,
+            DecodeError::TooShort { .. } => self.malformed += 1,
         }
-        n
     }
 }
 

@@ -17,11 +17,17 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use super::{
-    labels::ProcessLabels,
-    observe::{
-        Backing, CpuSamples, FaultObservation, PauseObservation, StackGrowthObservation, WaitedOn,
-    },
+pub mod observe;
+mod sink;
+
+use self::observe::{
+    Backing, FaultObservation, PauseObservation, StackGrowthObservation, WaitedOn, backing_label,
+    waited_label,
+};
+pub use self::sink::MetricsSink;
+use crate::{
+    engine::observed::CpuSamples,
+    targets::{labels::ProcessLabels, tracker::FailureReason},
 };
 
 /// Pause and fault-wait buckets: 1-2-5 per decade from 10 us to 10 s (19
@@ -41,47 +47,6 @@ pub const FAULT_COUNT_BUCKETS: [f64; 11] = [
 /// powers of two up to Go's 1 GiB maximum.
 pub fn stack_size_buckets() -> impl Iterator<Item = f64> {
     (11..=30).map(|shift| f64::from(1u32 << shift))
-}
-
-/// Why tracing an executable or a process failed: a small fixed set, so the
-/// label stays bounded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum FailureReason {
-    /// The Go binary could not be analysed (missing runtime functions,
-    /// malformed file).
-    Analysis,
-    /// Go version outside what gostw knows how to read.
-    UnsupportedGo,
-    /// The kernel refused a uprobe.
-    Attach,
-    /// Adding the process to the traced set failed.
-    Trace,
-    /// The process exited while it was being attached.
-    ProcessGone,
-    /// `--max-executables` reached.
-    Limit,
-}
-
-impl FailureReason {
-    pub const ALL: [FailureReason; 6] = [
-        FailureReason::Analysis,
-        FailureReason::UnsupportedGo,
-        FailureReason::Attach,
-        FailureReason::Trace,
-        FailureReason::ProcessGone,
-        FailureReason::Limit,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            FailureReason::Analysis => "analysis",
-            FailureReason::UnsupportedGo => "unsupported_go",
-            FailureReason::Attach => "attach",
-            FailureReason::Trace => "trace",
-            FailureReason::ProcessGone => "process_gone",
-            FailureReason::Limit => "limit",
-        }
-    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -451,7 +416,7 @@ impl Metrics {
             });
         }
         for in_pause in [true, false].map(bool_label) {
-            for backing in [Backing::Swap, Backing::File].map(backing_label) {
+            for backing in Backing::ALL.map(backing_label) {
                 self.major_faults.remove(&FaultLabels {
                     process: labels.clone(),
                     in_pause,
@@ -511,27 +476,8 @@ impl Metrics {
 }
 
 /// Stages where an event can be lost, for `gostw_agent_events_lost_total`.
-pub const EVENT_LOSS_STAGES: [&str; 5] = [
-    "ringbuf_full",
-    "undecodable",
-    "unhandled",
-    "unattributed",
-    "fault_queue_full",
-];
-
-fn backing_label(b: Backing) -> &'static str {
-    match b {
-        Backing::Swap => "swap",
-        Backing::File => "file",
-    }
-}
-
-fn waited_label(w: WaitedOn) -> &'static str {
-    match w {
-        WaitedOn::Own => "own",
-        WaitedOn::Other => "other",
-    }
-}
+pub const EVENT_LOSS_STAGES: [&str; 4] =
+    ["ringbuf_full", "undecodable", "unhandled", "unattributed"];
 
 #[cfg(test)]
 mod tests {

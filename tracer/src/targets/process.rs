@@ -6,11 +6,13 @@ use std::{
     io,
     os::fd::{FromRawFd as _, OwnedFd},
     path::PathBuf,
+    sync::Arc,
 };
 
 use tokio::io::unix::AsyncFd;
 
-use crate::binary::{BinaryError, GoBinary};
+use super::discovery::NewProcess;
+use crate::{binary::BinaryError, image::ExecutableImage};
 
 /// Why a pid cannot be traced; each message says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -107,20 +109,17 @@ fn tgid_of(tid: u32) -> Option<u32> {
 }
 
 /// A live process to attach to: its executable (analysed) and exit watch.
-pub struct LiveTarget {
+pub struct LiveProcess {
     pub pid: u32,
-    /// What `/proc/PID/exe` points to (for people; may be in another mount
-    /// namespace).
+    /// The executable's path as the process sees it.
     pub exe_name: String,
-    /// The binary, opened through `/proc/PID/exe` so containers and deleted
-    /// files work; uprobes attach to this path.
-    pub binary: GoBinary,
+    pub image: Arc<ExecutableImage>,
     pub watch: ExitWatch,
 }
 
-impl LiveTarget {
-    /// Check that `pid` is a live Go process gostw can read.
-    pub fn open(pid: u32) -> Result<LiveTarget, TargetError> {
+impl LiveProcess {
+    /// Check that `pid` is a running Go program gostw can read.
+    pub fn open(pid: u32) -> Result<LiveProcess, TargetError> {
         let watch = ExitWatch::new(pid)?;
         let exe = PathBuf::from(format!("/proc/{pid}/exe"));
         let gone_or = |e: TargetError| {
@@ -133,7 +132,6 @@ impl LiveTarget {
         let exe_name = match std::fs::read_link(&exe) {
             Ok(p) => p.display().to_string(),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                // Kernel threads have no executable; a zombie has none left.
                 return Err(gone_or(TargetError::NotGo {
                     pid,
                     exe: "no executable".into(),
@@ -141,12 +139,18 @@ impl LiveTarget {
             }
             Err(error) => return Err(gone_or(TargetError::NoAccess { pid, error })),
         };
-        let binary = GoBinary::open(&exe).map_err(|e| {
+        let image = ExecutableImage::of_pid(pid).map_err(|e| {
             gone_or(match e {
                 BinaryError::NotGo { .. } | BinaryError::NotElf { .. } => TargetError::NotGo {
                     pid,
                     exe: exe_name.clone(),
                 },
+                BinaryError::Process { ref reason, .. } if reason.contains("not a Go program") => {
+                    TargetError::NotGo {
+                        pid,
+                        exe: exe_name.clone(),
+                    }
+                }
                 BinaryError::Read { source, .. }
                     if source.kind() == io::ErrorKind::PermissionDenied =>
                 {
@@ -159,11 +163,30 @@ impl LiveTarget {
                 },
             })
         })?;
-        Ok(LiveTarget {
+        Ok(LiveProcess {
             pid,
             exe_name,
-            binary,
+            image,
             watch,
         })
+    }
+
+    /// The process as discovery would describe it.
+    pub fn new_process(&self) -> NewProcess {
+        let read = |f: &str| {
+            std::fs::read_to_string(format!("/proc/{}/{f}", self.pid)).unwrap_or_default()
+        };
+        NewProcess {
+            pid: self.pid,
+            exe: self.image.id,
+            exe_path: PathBuf::from(&self.exe_name),
+            comm: read("comm").trim_end().to_owned(),
+            cgroup: read("cgroup"),
+        }
+    }
+
+    /// The path its executable is attached by (reaches containers too).
+    pub fn exe_link(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/exe", self.pid))
     }
 }

@@ -1,6 +1,5 @@
-//! The interface between the tracing pipeline and the agent: what was
-//! observed, and in which process. The pipeline knows pids; the agent maps
-//! each pid to the labels of its executable (see `Agent::observer`).
+//! What one metric update is made of: the parts of a pause, a fault or a
+//! stack-growth sample that the Prometheus series record.
 
 /// One stop-the-world pause that ended.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -29,6 +28,29 @@ pub enum WaitedOn {
 pub enum Backing {
     Swap,
     File,
+    /// The backend cannot tell (no `filemap:mm_filemap_fault`).
+    Unknown,
+}
+
+impl Backing {
+    pub const ALL: [Backing; 3] = [Backing::Swap, Backing::File, Backing::Unknown];
+}
+
+/// The `backing` label value.
+pub fn backing_label(b: Backing) -> &'static str {
+    match b {
+        Backing::Swap => "swap",
+        Backing::File => "file",
+        Backing::Unknown => "unknown",
+    }
+}
+
+/// The `waited_on` label value.
+pub fn waited_label(w: WaitedOn) -> &'static str {
+    match w {
+        WaitedOn::Own => "own",
+        WaitedOn::Other => "other",
+    }
 }
 
 /// One major page fault that ended.
@@ -53,23 +75,4 @@ pub struct StackGrowthObservation {
     pub old_size: u64,
     /// Live bytes of the stack being copied (what `copystack` moves).
     pub live_bytes: u64,
-}
-
-/// CPU samples of a traced process, counted in the kernel.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CpuSamples {
-    /// All samples that landed in the process.
-    pub all: u64,
-    /// Those that caught it copying a goroutine stack.
-    pub stack_growth: u64,
-}
-
-/// The sink the pipeline feeds. `pid` is the traced process (tgid).
-pub trait Observer {
-    fn pause(&mut self, pid: u32, pause: &PauseObservation);
-    fn fault(&mut self, pid: u32, fault: &FaultObservation);
-    fn stack_growth(&mut self, pid: u32, growth: &StackGrowthObservation);
-    /// `n` more `stopTheWorldWithSema` entries counted in the kernel (the
-    /// probe-hit map; independent of event delivery).
-    fn stop_the_world_entries(&mut self, pid: u32, n: u64);
 }

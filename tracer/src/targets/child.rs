@@ -66,4 +66,10 @@ impl StoppedChild {
         }
         Ok(self.child)
     }
+
+    /// Kill and reap the stopped program (it was never resumed).
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

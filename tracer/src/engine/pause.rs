@@ -1,10 +1,7 @@
-//! Stop-the-world pauses, from kernel events to records and statistics: the
-//! reason table, the duration Go itself counts, and per-process, per-reason
-//! histograms. Pure code over decoded events (no kernel needed to test it).
+//! Stop-the-world pauses, from kernel events to records: the reason table and
+//! the duration Go itself counts. Pure code over decoded events (no kernel
+//! needed to test it).
 
-use std::collections::BTreeMap;
-
-use hdrhistogram::Histogram;
 use serde::Serialize;
 use tracer_common::pause::{PauseEvent, REASON_FROM_TEXT};
 
@@ -125,7 +122,7 @@ pub struct PauseRecord {
     pub window_ns: u64,
     /// Major faults inside the pause, when faults are traced.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub faults: Option<crate::faults::PauseFaultStats>,
+    pub faults: Option<super::fault::PauseFaultStats>,
 }
 
 impl PauseRecord {
@@ -217,124 +214,6 @@ pub fn record(ev: &PauseEvent, clock: WallClock) -> PauseRecord {
         go_duration_ns,
         window_ns,
         faults: None,
-    }
-}
-
-/// Distribution of one reason's pause durations.
-#[derive(Clone, Debug)]
-pub struct ReasonStats {
-    pub count: u64,
-    pub total_ns: u64,
-    /// Exact (the histogram rounds to 3 significant digits).
-    pub max_ns: u64,
-    pub histogram: Histogram<u64>,
-}
-
-impl ReasonStats {
-    fn new() -> ReasonStats {
-        ReasonStats {
-            count: 0,
-            total_ns: 0,
-            max_ns: 0,
-            // 1 ns to 1 hour, 3 significant digits.
-            histogram: Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
-                .expect("valid histogram bounds"),
-        }
-    }
-
-    fn add(&mut self, ns: u64) {
-        self.count += 1;
-        self.total_ns = self.total_ns.saturating_add(ns);
-        self.max_ns = self.max_ns.max(ns);
-        self.histogram.saturating_record(ns);
-    }
-
-    /// Duration at quantile `q` (0..=1), HDR precision (never above the
-    /// exact maximum, which HDR's rounding up could otherwise pass).
-    pub fn quantile_ns(&self, q: f64) -> u64 {
-        self.histogram.value_at_quantile(q).min(self.max_ns)
-    }
-}
-
-/// Every pause of one process, summarised.
-#[derive(Clone, Debug, Default)]
-pub struct ProcessPauses {
-    pub by_reason: BTreeMap<StwReason, ReasonStats>,
-    /// The longest pauses, longest first (at most `PauseTracker::worst_kept`).
-    pub worst: Vec<PauseRecord>,
-}
-
-impl ProcessPauses {
-    /// Number of pauses.
-    pub fn count(&self) -> u64 {
-        self.by_reason.values().map(|s| s.count).sum()
-    }
-
-    /// Pauses and summed `duration_ns` of the GC reasons.
-    pub fn gc(&self) -> (u64, u64) {
-        self.by_reason
-            .iter()
-            .filter(|(r, _)| r.is_gc())
-            .fold((0, 0), |(n, t), (_, s)| (n + s.count, t + s.total_ns))
-    }
-}
-
-/// Builds records from events and keeps per-process, per-reason statistics.
-#[derive(Debug)]
-pub struct PauseTracker {
-    clock: WallClock,
-    worst_kept: usize,
-    processes: BTreeMap<u32, ProcessPauses>,
-}
-
-impl PauseTracker {
-    /// A tracker that converts times with `clock` and keeps the `worst_kept`
-    /// longest pauses of each process.
-    pub fn new(clock: WallClock, worst_kept: usize) -> PauseTracker {
-        PauseTracker {
-            clock,
-            worst_kept,
-            processes: BTreeMap::new(),
-        }
-    }
-
-    /// Account one pause event; returns its record.
-    pub fn on_event(&mut self, ev: &PauseEvent) -> PauseRecord {
-        self.on_event_with(ev, |_| {})
-    }
-
-    /// `on_event`, with `annotate` completing the record (e.g. with its
-    /// faults) before it is kept among the worst.
-    pub fn on_event_with(
-        &mut self,
-        ev: &PauseEvent,
-        annotate: impl FnOnce(&mut PauseRecord),
-    ) -> PauseRecord {
-        let mut rec = record(ev, self.clock);
-        annotate(&mut rec);
-        let p = self.processes.entry(rec.pid).or_default();
-        p.by_reason
-            .entry(rec.stw_reason())
-            .or_insert_with(ReasonStats::new)
-            .add(rec.duration_ns);
-        let at = p
-            .worst
-            .partition_point(|w| w.duration_ns >= rec.duration_ns);
-        if at < self.worst_kept {
-            p.worst.insert(at, rec.clone());
-            p.worst.truncate(self.worst_kept);
-        }
-        rec
-    }
-
-    /// The statistics of process `pid` (empty if it never paused).
-    pub fn process(&self, pid: u32) -> Option<&ProcessPauses> {
-        self.processes.get(&pid)
-    }
-
-    /// Every process seen, by pid.
-    pub fn processes(&self) -> &BTreeMap<u32, ProcessPauses> {
-        &self.processes
     }
 }
 
@@ -457,24 +336,6 @@ mod tests {
         assert_eq!(StwReason(2).name(), "GC sweep termination");
         assert_eq!(StwReason(200).id(), "unknown");
         assert!(StwReason(1).is_gc() && StwReason(2).is_gc() && !StwReason(7).is_gc());
-    }
-
-    #[test]
-    fn processes_stay_separate_and_worst_are_kept_in_order() {
-        let mut t = PauseTracker::new(WallClock::default(), 2);
-        for (pid, d) in [(1, 10), (2, 500), (1, 30), (1, 20), (2, 400)] {
-            t.on_event(&event(pid, 2, 1_000, Some(1_000), 1_000 + d, 5_000));
-        }
-        let p1 = t.process(1).unwrap();
-        assert_eq!(p1.count(), 3);
-        assert_eq!(p1.gc(), (3, 60));
-        assert_eq!(
-            p1.worst.iter().map(|r| r.duration_ns).collect::<Vec<_>>(),
-            vec![30, 20]
-        );
-        let p2 = t.process(2).unwrap();
-        assert_eq!(p2.count(), 2);
-        assert_eq!(p2.by_reason[&StwReason(2)].max_ns, 500);
     }
 
     #[test]
