@@ -8,9 +8,11 @@
 pub mod agent;
 pub mod binary;
 pub mod engine;
+pub mod formats;
 pub mod image;
 pub mod inspect;
 pub mod kernel;
+pub mod memory;
 pub mod sink;
 pub mod stackgrowth;
 pub mod targets;

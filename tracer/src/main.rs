@@ -33,6 +33,9 @@ enum Command {
     Agent(tracer::agent::Args),
     /// Major page faults of a process and the pauses they lengthen.
     Faults(cli::faults::Args),
+    /// Memory and swap exposure of a Go process now, by what Go uses it
+    /// for, with its cgroup, the host's swap traffic, and advice.
+    Memory(cli::memory::Args),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
             Command::Stacks(args) => cli::stacks::run(args).await,
             Command::Agent(args) => tracer::agent::run(args).await.map(|()| 0),
             Command::Faults(args) => cli::faults::run(args).await,
+            Command::Memory(args) => cli::memory::run(args),
         }
     });
     match result {

@@ -1,7 +1,9 @@
 //! The `gcswap` workload's protocol (scripts/workloads/gcswap): it prints
 //! `READY` once its heap is built, runs one GC per `gc` line read from stdin
-//! (answering `GC <n>`), and on `quit` prints `GOSTW_REPORT {json}` (its
-//! own pause histogram and major faults) and exits.
+//! (answering `GC <n>`), answers other commands with a line of their own
+//! (`metrics` -> `METRICS {json}`, `cwork` -> `CWORK <n>`), and on `quit`
+//! prints `GOSTW_REPORT {json}` (its own pause histogram and major faults)
+//! and exits.
 
 use std::io::{self, BufRead, Write};
 
@@ -45,6 +47,18 @@ impl<R: BufRead, W: Write> GcSwapControl<R, W> {
         line["GC ".len()..]
             .parse()
             .map_err(|_| io::Error::other(format!("gcswap answered {line:?} to gc")))
+    }
+
+    /// Send `command` and return gcswap's answer: the first line starting
+    /// with `reply` (e.g. "metrics" -> the "METRICS {...}" line).
+    pub fn ask(
+        &mut self,
+        command: &str,
+        reply: &str,
+        other: &mut dyn FnMut(&str),
+    ) -> io::Result<String> {
+        self.send(command)?;
+        self.expect(reply, other)
     }
 
     /// Ask for the report and close gcswap's stdin (it exits next); returns
@@ -117,8 +131,8 @@ mod tests {
     #[test]
     fn answers_are_told_from_other_lines() {
         let out = "gostw: tracing pid 7\nREADY\n  GC mark termination  3\nGC 1\n\
-                   10:00:00.1  pid 7  STW GC sweep termination  2.1 ms\nGOSTW_REPORT {\"gcs\":1}\n\
-                   pid 7: 4 pauses\n";
+                   10:00:00.1  pid 7  STW GC sweep termination  2.1 ms\nMETRICS {}\n\
+                   GOSTW_REPORT {\"gcs\":1}\npid 7: 4 pauses\n";
         let mut commands = Vec::new();
         let mut others = Vec::new();
         {
@@ -126,11 +140,15 @@ mod tests {
             let mut other = |l: &str| others.push(l.to_owned());
             c.ready(&mut other).unwrap();
             assert_eq!(c.gc(&mut other).unwrap(), 1);
+            assert_eq!(
+                c.ask("metrics", "METRICS ", &mut other).unwrap(),
+                "METRICS {}"
+            );
             assert_eq!(c.quit(&mut other).unwrap(), "{\"gcs\":1}");
             assert!(c.commands.is_none(), "stdin closed after quit");
             c.rest(&mut other).unwrap();
         }
-        assert_eq!(commands, b"gc\nquit\n");
+        assert_eq!(commands, b"gc\nmetrics\nquit\n");
         assert_eq!(
             others,
             [

@@ -15,7 +15,7 @@ mod swap;
 
 pub use cgroup::MemCgroup;
 pub use gcswap::{GcSwapControl, PAGEOUT_ARGS, PAGEOUT_ENV, PAGEOUT_ROUNDS};
-pub use pageout::{majflt, page_out, swap_out};
+pub use pageout::{majflt, page_out, page_out_ranges, swap_out};
 pub use swap::SwapFile;
 
 /// `e` with `what` in front of its message (same kind).

@@ -19,6 +19,12 @@ pub fn swap_out(pid: u32, cgroup: &MemCgroup) -> io::Result<u64> {
 pub fn page_out(pid: u32) -> io::Result<u64> {
     let maps_file = format!("/proc/{pid}/maps");
     let maps = fs::read_to_string(&maps_file).map_err(|e| context(&maps_file, e))?;
+    page_out_ranges(pid, &anonymous_writable(&maps))
+}
+
+/// Push the memory of `pid` in `ranges` (start, end) to swap with
+/// `process_madvise(MADV_PAGEOUT)`. Returns the bytes advised.
+pub fn page_out_ranges(pid: u32, ranges: &[(u64, u64)]) -> io::Result<u64> {
     // SAFETY: plain syscall.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
     if pidfd < 0 {
@@ -28,7 +34,7 @@ pub fn page_out(pid: u32) -> io::Result<u64> {
         ));
     }
     let mut total = 0u64;
-    for (start, end) in anonymous_writable(&maps) {
+    for &(start, end) in ranges {
         let iov = libc::iovec {
             iov_base: start as *mut libc::c_void,
             iov_len: (end - start) as usize,

@@ -12,6 +12,12 @@
 // -spike-mb of garbage periodically in the background (natural GCs), and
 // -neighbour-mb makes the process a neighbour that only holds a buffer and
 // re-reads it every -reread, competing for the cgroup's memory.
+//
+// "metrics" prints, as one JSON line prefixed "METRICS ", the runtime's own
+// memory classes (every /memory/classes/ metric of runtime/metrics, in
+// bytes), read and printed without allocating on the heap in between, so a
+// helper can freeze the process right after the line and compare. "cwork"
+// makes C allocations in builds with -tags gostwcgo (cgo.go).
 package main
 
 import (
@@ -33,6 +39,9 @@ type node struct {
 	left, right *node
 	payload     [4]int64
 }
+
+// cWork makes C allocations (cgo.go, -tags gostwcgo); nil without cgo.
+var cWork func() int
 
 var (
 	live    []*node
@@ -159,6 +168,16 @@ func main() {
 			gcs++
 			fmt.Printf("GC %d\n", gcs)
 		}
+		if cmd == "metrics" {
+			printMemoryClasses()
+		}
+		if cmd == "cwork" {
+			if cWork == nil {
+				fmt.Println("CWORK none")
+			} else {
+				fmt.Printf("CWORK %d\n", cWork())
+			}
+		}
 	}
 	runtime.KeepAlive(live)
 	close(park)
@@ -190,6 +209,37 @@ func neighbour(mb int, period time.Duration) {
 			s += buf[i]
 		}
 	}
+}
+
+// memoryClasses are the runtime/metrics samples of every /memory/classes/
+// metric this Go version has, allocated once.
+var memoryClasses = func() []metrics.Sample {
+	var s []metrics.Sample
+	for _, d := range metrics.All() {
+		if strings.HasPrefix(d.Name, "/memory/classes/") && d.Kind == metrics.KindUint64 {
+			s = append(s, metrics.Sample{Name: d.Name})
+		}
+	}
+	return s
+}()
+
+// printMemoryClasses prints "METRICS {name: bytes, ...}". The line is built
+// before the samples are read, in a buffer sized up front, so nothing is
+// allocated between the read and the print.
+func printMemoryClasses() {
+	buf := make([]byte, 0, 64*len(memoryClasses)+64)
+	metrics.Read(memoryClasses)
+	buf = append(buf, "METRICS {"...)
+	for i, s := range memoryClasses {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = strconv.AppendQuote(buf, s.Name)
+		buf = append(buf, ':')
+		buf = strconv.AppendUint(buf, s.Value.Uint64(), 10)
+	}
+	buf = append(buf, "}\n"...)
+	os.Stdout.Write(buf)
 }
 
 // majflt reads field 12 of /proc/self/stat (after the parenthesised comm).

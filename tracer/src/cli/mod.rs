@@ -3,6 +3,7 @@
 
 pub mod attach;
 pub mod faults;
+pub mod memory;
 pub mod run;
 pub mod stacks;
 
@@ -102,7 +103,24 @@ pub fn writer(path: Option<&PathBuf>) -> anyhow::Result<Box<dyn std::io::Write>>
 pub fn target_of(pid: Option<u32>, command: &[OsString]) -> anyhow::Result<Target> {
     match (pid, command.split_first()) {
         (Some(pid), _) => Ok(Target::pid(pid)?),
-        (None, Some((program, args))) => Target::child(which_program(program)?, args),
+        (None, Some((program, args))) => {
+            let path = which_program(program)?;
+            // Before anything starts: the program must be one gostw can trace.
+            match tracer::image::ExecutableImage::open(&path) {
+                Err(
+                    tracer::binary::BinaryError::NotGo { .. }
+                    | tracer::binary::BinaryError::NotElf { .. },
+                ) => {
+                    bail!(
+                        "{} is not a Go program: gostw traces Go programs (Go 1.19 or later)",
+                        path.display()
+                    )
+                }
+                Err(e) => return Err(e.into()),
+                Ok(_) => {}
+            }
+            Target::child(path, args)
+        }
         (None, None) => bail!("give --pid PID or -- COMMAND ARGS"),
     }
 }
@@ -122,6 +140,8 @@ pub struct Trace {
 /// signal; then write the report. Returns the exit code for gostw.
 pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
     let mut engine = Engine::new(t.core, Limits::default())?;
+    // One process is traced; when it goes, so does gostw.
+    engine.core().leave();
     let deadline = t.duration.map(|d| tokio::time::Instant::now() + d);
     t.sink.announce = matches!(t.target, Target::Pid(_));
     loop {
@@ -165,13 +185,15 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
     t.sink
         .finish(engine.elapsed().as_nanos() as u64)
         .context("writing the summary")?;
-    if let Some(code) = t.target.exit_status() {
-        return Ok(code);
-    }
-    match t.target.child_mut() {
-        Some(child) if t.wait_for_child => Ok(tracer::targets::exit_code(child.wait()?)),
-        _ => Ok(0),
-    }
+    let code = match (t.target.exit_status(), t.target.child_mut()) {
+        (Some(code), _) => code,
+        (None, Some(child)) if t.wait_for_child => tracer::targets::exit_code(child.wait()?),
+        _ => 0,
+    };
+    // Everything is untraced and written: let the kernel detach the probes
+    // after gostw has gone.
+    tracer::kernel::teardown::detach_after_exit(engine);
+    Ok(code)
 }
 
 /// A report sink for `view` with what `core` traces.

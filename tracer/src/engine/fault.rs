@@ -270,6 +270,7 @@ mod tests {
             file: String::new(),
             line: 0,
             inlined,
+            start_line: 0,
         }
     }
 

@@ -23,7 +23,8 @@ pub fn parse(text: &str) -> Vec<Mapping> {
     text.lines().filter_map(parse_line).collect()
 }
 
-fn parse_line(line: &str) -> Option<Mapping> {
+/// One line of the maps format (also the header lines of `smaps`), or None.
+pub fn parse_line(line: &str) -> Option<Mapping> {
     let mut f = line.split_whitespace();
     let (start, end) = f.next()?.split_once('-')?;
     let perms = f.next()?.to_owned();

@@ -14,6 +14,7 @@ pub mod capabilities;
 pub mod faults;
 pub mod object;
 pub mod stacks;
+pub mod teardown;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -86,6 +87,9 @@ pub struct Core {
     /// The exact mode's copystack probe, per executable.
     exact: HashMap<ExeId, StackGrowthProbes>,
     traced: HashSet<u32>,
+    /// Leave probes attached when nothing is traced any more: gostw is about
+    /// to exit, and `teardown` lets the kernel detach them afterwards.
+    leaving: bool,
 }
 
 impl Core {
@@ -103,6 +107,7 @@ impl Core {
             sampler: None,
             exact: HashMap::new(),
             traced: HashSet::new(),
+            leaving: false,
         })
     }
 
@@ -146,6 +151,12 @@ impl Core {
     /// How many times `probe` fired in process `pid` so far.
     pub fn probe_hits(&self, pid: u32, probe: Probe) -> u64 {
         self.object.probe_hits(pid, probe).unwrap_or(0)
+    }
+
+    /// gostw is about to exit: untracing no longer detaches probes (the
+    /// traced set filters them; `teardown::detach_after_exit` removes them).
+    pub fn leave(&mut self) {
+        self.leaving = true;
     }
 
     /// Drive the exact stack-growth mode's duty cycle; a few times a second.
@@ -376,13 +387,16 @@ impl Kernel for Core {
     }
 
     fn detach(&mut self, probes: ExeProbes) {
+        ExecutableImage::forget(probes.exe);
+        if self.leaving {
+            return;
+        }
         self.detach_links(probes.links);
         if let Some(p) = self.exact.remove(&probes.exe)
             && let Err(e) = p.detach(&mut self.object)
         {
             log::warn!("detaching the stack-growth probe: {e:#}");
         }
-        ExecutableImage::forget(probes.exe);
     }
 
     fn trace(&mut self, pid: u32, traced: &TracedProcess) -> anyhow::Result<()> {
@@ -405,7 +419,7 @@ impl Kernel for Core {
         {
             log::warn!("forgetting pid {pid}: {e:#}");
         }
-        if self.traced.remove(&pid) && self.traced.is_empty() {
+        if self.traced.remove(&pid) && self.traced.is_empty() && !self.leaving {
             self.last_untraced();
         }
     }

@@ -4,7 +4,7 @@
 
 use anyhow::{Context as _, bail};
 use aya::{
-    Ebpf,
+    Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
     programs::{KProbe, PerfEvent, Program, TracePoint, UProbe},
 };
@@ -52,7 +52,10 @@ impl Object {
             );
         }
         raise_memlock_limit();
-        let ebpf = Ebpf::load(EBPF_OBJECT).map_err(|e| {
+        // The programs read raw offsets (tracepoint formats, Go's structs
+        // from binary analysis) and need no CO-RE relocation, so the kernel's
+        // BTF (megabytes, about half a second to parse here) is not loaded.
+        let ebpf = EbpfLoader::new().btf(None).load(EBPF_OBJECT).map_err(|e| {
             // SAFETY: no preconditions.
             let root = unsafe { libc::geteuid() } == 0;
             let msg = e.to_string();

@@ -451,6 +451,7 @@ mod tests {
                 file: String::new(),
                 line: 0,
                 inlined: false,
+                start_line: 0,
             })
         }
         fn max_frame(&self, pc: u64) -> Option<u64> {

@@ -915,9 +915,24 @@ fn run_counts(names: &[&str]) -> u64 {
 #[test]
 fn an_idle_agent_runs_nothing_on_fault_or_scheduler_paths() {
     require_root();
-    let stats = "/proc/sys/kernel/bpf_stats_enabled";
-    let was = fs::read_to_string(stats).unwrap();
-    fs::write(stats, "1").unwrap();
+    // BPF_ENABLE_STATS (run time statistics while the fd is open): unlike
+    // the sysctl, nobody else's write can turn it off under this test.
+    const BPF_ENABLE_STATS: libc::c_long = 32;
+    let attr: [u32; 2] = [0, 0]; // BPF_STATS_RUN_TIME
+    // SAFETY: the bpf syscall reads `size_of_val(&attr)` bytes of `attr`.
+    let stats_fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_ENABLE_STATS,
+            attr.as_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    };
+    assert!(
+        stats_fd >= 0,
+        "BPF_ENABLE_STATS: {}",
+        std::io::Error::last_os_error()
+    );
     let hooks = ["fault_", "stack_sample"];
     let bin = build_workload("stw", &newest_go(), "", &[]);
     let mut procs = Procs::new("agent-idle");
@@ -952,7 +967,8 @@ fn an_idle_agent_runs_nothing_on_fault_or_scheduler_paths() {
         (n > idle).then_some(n)
     });
     let _ = go.wait();
-    fs::write(stats, was.trim()).unwrap();
+    // SAFETY: closing the statistics fd opened above.
+    unsafe { libc::close(stats_fd as i32) };
     eprintln!(
         "fault/scheduler/sampler program runs: idle agent {idle} in 60 s, {traced} once a Go process was traced"
     );

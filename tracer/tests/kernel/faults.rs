@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use tracer::{
+    engine::{fault::Fault, observed::Observed, pause::PauseRecord},
     kernel::{
         Core, CoreOptions,
         capabilities::{self, BackendChoice, FaultBackend, FaultSource},
@@ -64,6 +65,9 @@ struct Outcome {
     /// Faults gostw attributed to the workload.
     traced_faults: u64,
     ringbuf_full: u64,
+    /// Every pause record and fault, for the output formats' check.
+    pauses: Vec<PauseRecord>,
+    faults: Vec<Fault>,
 }
 
 /// Run gcswap traced by the tracepoint backend; page it out before each GC
@@ -113,11 +117,14 @@ fn run_traced(
         stacks: None,
     };
     let mut engine = crate::support::engine(opts);
-    let mut sink = ReportSink::new(
-        View::Faults,
-        Output::new(Box::new(std::io::sink()), true, u64::MAX),
-        true,
-        None,
+    let mut sink = (
+        ReportSink::new(
+            View::Faults,
+            Output::new(Box::new(std::io::sink()), true, u64::MAX),
+            true,
+            None,
+        ),
+        crate::support::Recorded::default(),
     );
     let mut workload = GcSwap::start(&path, args, env, |pid| {
         cgroup.add(pid);
@@ -148,7 +155,21 @@ fn run_traced(
     engine.process_exited(pid, &mut sink);
     engine.finish(&mut sink);
     assert!(!report.go_version.is_empty());
+    let (sink, recorded) = sink;
     let full = sink.summary(0);
+    // Every pause record and every fault, as the stream carried them.
+    let mut pauses = Vec::new();
+    let mut faults = Vec::new();
+    for o in recorded.0 {
+        match o {
+            Observed::Pause(p) => {
+                faults.extend(p.faults);
+                pauses.push(p.record);
+            }
+            Observed::Fault(f, _) => faults.push(f),
+            _ => {}
+        }
+    }
     let summary = full.faults.clone().expect("faults are traced");
     eprintln!("{}", render_text(&summary, 8));
     eprintln!("Go's report: {report:?}");
@@ -170,6 +191,8 @@ fn run_traced(
         final_majflt,
         traced_faults,
         ringbuf_full,
+        faults,
+        pauses,
     }
 }
 
@@ -194,7 +217,7 @@ pub fn majflt_agrees(traced_faults: u64, majflt: u64) -> bool {
 
 /// Runtime functions that touch GC metadata inside the sweep-termination
 /// pause (gcStart) or walk goroutines/arenas there.
-const GC_FRAMES: &[&str] = &[
+pub const GC_FRAMES: &[&str] = &[
     "runtime.gcStart",
     "runtime.gcPrepareMarkRoots",
     "runtime.gcMarkRootPrepare",
@@ -239,6 +262,8 @@ fn check_pageout(go: &GoToolchain) {
         final_majflt,
         traced_faults,
         ringbuf_full,
+        pauses,
+        faults,
     } = run_gcswap(go, FaultSource::Tracepoint, true);
     assert_eq!(ringbuf_full, 0, "events were dropped");
     let proc = summary
@@ -294,6 +319,7 @@ fn check_pageout(go: &GoToolchain) {
 
     // Fault counts agree with the kernel's own counter.
     assert_majflt_agrees(traced_faults, final_majflt, &report);
+    crate::formats::check_pageout_outputs(go, report.pid, &pauses, &faults);
     let majflt = final_majflt;
 
     // Own and other waits both occur, and add up to the blocked time.
@@ -409,6 +435,7 @@ fn kprobe_backend_pageout() {
         final_majflt,
         traced_faults,
         ringbuf_full,
+        ..
     } = run_gcswap_env(
         &go,
         FaultSource::Kprobe,
@@ -477,6 +504,7 @@ fn neighbour_pressure_faults_agree_with_majflt() {
         final_majflt,
         traced_faults,
         ringbuf_full,
+        ..
     } = run_traced(
         &go,
         FaultSource::Tracepoint,

@@ -10,6 +10,8 @@ mod agent;
 mod backend_agreement;
 mod binary_analysis;
 mod faults;
+mod formats;
+mod memory;
 mod pauses;
 mod real_services;
 mod stack_growth;

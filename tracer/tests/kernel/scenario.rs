@@ -32,6 +32,16 @@ impl SwapFile {
 /// removed on drop.
 pub struct MemCgroup(gostw_scenario::MemCgroup);
 
+/// Its fields (`path`) and the shared crate's methods, where these wrappers
+/// do not panic instead.
+impl std::ops::Deref for MemCgroup {
+    type Target = gostw_scenario::MemCgroup;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
 impl MemCgroup {
     pub fn create(name: &str) -> MemCgroup {
         MemCgroup(gostw_scenario::MemCgroup::create(name).unwrap_or_else(|e| panic!("{e}")))
@@ -56,6 +66,12 @@ impl MemCgroup {
 /// minor fault). Returns the bytes advised.
 pub fn swap_out(pid: u32, cgroup: &MemCgroup) -> u64 {
     gostw_scenario::swap_out(pid, &cgroup.0).unwrap_or_else(|e| panic!("swapping out {pid}: {e}"))
+}
+
+/// Push the memory of `pid` in `ranges` (start, end) to swap with
+/// `process_madvise(MADV_PAGEOUT)`. Returns the bytes advised.
+pub fn page_out_ranges(pid: u32, ranges: &[(u64, u64)]) -> u64 {
+    gostw_scenario::page_out_ranges(pid, ranges).unwrap_or_else(|e| panic!("paging out {pid}: {e}"))
 }
 
 /// Major faults of `pid` (`/proc/PID/stat` field 12: the whole process,
@@ -103,6 +119,14 @@ impl GcSwap {
             .ready(&mut |_| {})
             .unwrap_or_else(|e| panic!("{e}"));
         me
+    }
+
+    /// Send `cmd` and return the first line of the reply that starts with
+    /// `reply` (e.g. "metrics" -> the "METRICS {...}" line).
+    pub fn ask(&mut self, cmd: &str, reply: &str) -> String {
+        self.control
+            .ask(cmd, reply, &mut |_| {})
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Run one GC and wait for it to finish.

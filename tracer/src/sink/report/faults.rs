@@ -280,12 +280,14 @@ mod tests {
                     file: String::new(),
                     line: 0,
                     inlined: false,
+                    start_line: 0,
                 },
                 Frame {
                     function: "runtime.gcStart".into(),
                     file: String::new(),
                     line: 0,
                     inlined: false,
+                    start_line: 0,
                 },
             ]),
         }

@@ -148,6 +148,7 @@ mod tests {
                     file: String::new(),
                     line: 0,
                     inlined: false,
+                    start_line: 0,
                 }]),
             }],
         });

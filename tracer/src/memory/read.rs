@@ -1,0 +1,370 @@
+//! Reading a process's exposure: its mappings, its executable, what its
+//! runtime's heap index says (or what its layout says), then the classes,
+//! the cgroup and the host.
+
+use std::{io, ops::Range, os::unix::fs::MetadataExt as _};
+
+use super::{
+    ArenaSummary, Exposure, HostMemory, MemoryError, MetadataReads, PlainSummary, c_alloc,
+    classes::{MemoryClass, Source, Usage},
+    classify::{self, Context},
+    dwarf, layout,
+    mheap::{self, HEAP_ARENA_BYTES, RuntimeHeap},
+    page_size,
+    pagemap::Pagemap,
+    procmem::ProcessMemory,
+    smaps::{self, Backing, Mapping},
+    vmstat::monotonic_ns,
+};
+use crate::{
+    binary::{BinaryError, GoBinary, running},
+    memory::cgroup::CgroupMemory,
+};
+
+/// How much of the process gostw reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// Read the runtime's heap index from the process where the binary
+    /// allows (symbols + DWARF); off: the mapping layout alone.
+    pub runtime_index: bool,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions {
+            runtime_index: true,
+        }
+    }
+}
+
+/// The symbol of the runtime's heap.
+const MHEAP_SYMBOL: &str = "runtime.mheap_";
+
+fn io_error(pid: u32, what: &str, e: io::Error) -> MemoryError {
+    let gone = e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH);
+    if gone {
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return MemoryError::Read {
+                pid,
+                what: what.to_owned(),
+                source: e,
+            };
+        }
+        return MemoryError::Gone { pid };
+    }
+    if e.kind() == io::ErrorKind::PermissionDenied {
+        return MemoryError::Permission {
+            pid,
+            what: what.to_owned(),
+        };
+    }
+    MemoryError::Read {
+        pid,
+        what: what.to_owned(),
+        source: e,
+    }
+}
+
+pub(super) fn read(pid: u32, options: &ReadOptions) -> Result<Exposure, MemoryError> {
+    if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(MemoryError::NoProcess { pid });
+    }
+    let at_ns = monotonic_ns();
+    let page = page_size();
+    let what = format!("/proc/{pid}/smaps");
+    let text = std::fs::read_to_string(&what).map_err(|e| io_error(pid, &what, e))?;
+    let mappings = smaps::parse(&text).map_err(|e| MemoryError::Malformed {
+        pid,
+        what: what.clone(),
+        reason: e.to_string(),
+    })?;
+    if mappings.is_empty() {
+        // A zombie has no mappings left (a kernel thread never had any).
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
+        return Err(match exe {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !is_zombie(pid) => {
+                MemoryError::Malformed {
+                    pid,
+                    what: "its memory".into(),
+                    reason: "a kernel thread has no user memory".into(),
+                }
+            }
+            _ => MemoryError::Gone { pid },
+        });
+    }
+    let (bin, exe_bytes) = open_go(pid, &mappings)?;
+    let mut notes = Vec::new();
+    let exe_inode = std::fs::metadata(format!("/proc/{pid}/exe"))
+        .ok()
+        .map(|m| m.ino());
+    let bias = match exe_inode.and_then(|ino| {
+        crate::image::maps::load_bias(
+            &crate::image::maps::read(pid).ok()?,
+            ino,
+            bin.load_segments(),
+        )
+    }) {
+        Some(b) => b,
+        None => {
+            notes.push("the executable's bss was not located: it is not mapped".into());
+            0
+        }
+    };
+    let mut ctx = Context {
+        exe_inode,
+        bss: layout::bss_ranges(bin.load_segments(), bias, page),
+        c_runtime: layout::has_c_runtime(&mappings),
+        go_names: layout::has_go_names(&mappings),
+        ..Context::default()
+    };
+    let mem = ProcessMemory::open(pid, page).ok();
+    let runtime = if options.runtime_index {
+        runtime_heap(
+            &bin,
+            exe_bytes.as_deref(),
+            bias,
+            mem.as_ref(),
+            page,
+            &mut notes,
+        )
+    } else {
+        None
+    };
+    let runtime = runtime.filter(|rt| covers_mappings(&rt.arenas, &mappings, &mut notes));
+    // C's allocations, where a C runtime shares the address space and the
+    // runtime did not name its own mappings.
+    let c_known = ctx.c_runtime && !ctx.go_names;
+    if let Some(mem) = mem.as_ref().filter(|_| c_known) {
+        let go_arenas = runtime.as_ref().map(|rt| &rt.arenas[..]);
+        ctx.c_heaps = c_alloc::glibc_heaps(&mappings, mem, go_arenas);
+    }
+    if let Some(rt) = runtime {
+        ctx.arenas = rt.arenas;
+        ctx.metadata = rt.metadata;
+        ctx.arena_source = Some(Source::ArenaIndex);
+        notes.extend(rt.notes);
+    } else if ctx.go_names {
+        ctx.arena_source = Some(Source::VmaName);
+    } else {
+        let c_heaps = ctx.c_heaps.clone();
+        ctx.arenas = layout::arena_runs(&mappings, &|run: &[Mapping]| {
+            let (start, end) = (run[0].start, run[run.len() - 1].end);
+            c_heaps.iter().any(|h| h.start >= start && h.start < end)
+        });
+        ctx.arena_source = Some(Source::MappingLayout);
+        if ctx.arenas.is_empty() {
+            notes.push(
+                "no 64 MiB-aligned arena reservation in the mapping layout: the heap is counted as GC metadata"
+                    .into(),
+            );
+        }
+    }
+    if let Some(mem) = mem.as_ref().filter(|_| c_known) {
+        let (chunks, unread) = c_alloc::glibc_mmap_chunks(&mappings, &ctx.arenas, mem);
+        ctx.c_chunks = chunks;
+        notes.push(format!(
+            "a C runtime is mapped (cgo): glibc's heaps, mmap'd chunks and thread stacks are told apart by their headers and guard pages; other anonymous memory outside the arenas counts as GC metadata and may hold other C allocations{}",
+            if unread > 0 {
+                format!(
+                    " ({} of anonymous mappings start on a page in swap, not read: C chunks among them count as GC metadata)",
+                    super::render::bytes(unread)
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
+    let pagemap = Pagemap::open(pid, page).map_err(|e| io_error(pid, "pagemap", e))?;
+    let classes = classify::classify(&mappings, &ctx, &pagemap, page)
+        .map_err(|e| io_error(pid, "pagemap", e))?;
+    let mut total = Usage::default();
+    for c in &classes {
+        total.add(&c.usage);
+    }
+    let host = host_memory();
+    let get = |c: MemoryClass| classes.iter().find(|u| u.class == c).map(|u| u.usage);
+    let gc_metadata_reads = MetadataReads::estimate(
+        get(MemoryClass::GcMetadata).map_or(0, |u| u.swapped_bytes),
+        get(MemoryClass::HeapArenas).map_or(0, |u| u.swapped_bytes),
+        page,
+        host.page_cluster,
+    );
+    let arenas = arena_summary(&ctx, &mappings);
+    let cgroup = match CgroupMemory::read(pid) {
+        Ok(c) => c,
+        Err(e) => {
+            notes.push(format!("the process's cgroup could not be read: {e}"));
+            None
+        }
+    };
+    Ok(Exposure {
+        pid,
+        exe: bin.path.display().to_string(),
+        go_version: bin.version_string.clone(),
+        symbols: bin.has_symtab,
+        dwarf: bin.has_dwarf,
+        c_runtime: ctx.c_runtime,
+        page_size: page,
+        at_ns,
+        total,
+        classes,
+        arenas,
+        gc_metadata_reads,
+        cgroup,
+        host,
+        notes,
+    })
+}
+
+/// Whether `pid` has exited and waits to be reaped.
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+/// The process's Go executable, and its bytes when its DWARF may be read.
+fn open_go(pid: u32, mappings: &[Mapping]) -> Result<(GoBinary, Option<Vec<u8>>), MemoryError> {
+    let exe = running::process_exe(pid).map_err(|source| MemoryError::Binary { pid, source })?;
+    let path = format!("/proc/{pid}/exe");
+    let data = std::fs::read(&path).map_err(|e| io_error(pid, "its executable", e))?;
+    let keep = data.clone();
+    match GoBinary::from_bytes(&exe.host_path, data) {
+        Ok(bin) => {
+            let wanted = bin.has_dwarf && bin.symbol(MHEAP_SYMBOL).is_some();
+            Ok((bin, wanted.then_some(keep)))
+        }
+        Err(BinaryError::NotGo { .. } | BinaryError::NotElf { .. }) => Err(MemoryError::NotGo {
+            pid,
+            exe: exe.exe.display().to_string(),
+            summary: plain_summary(mappings),
+        }),
+        Err(source) => Err(MemoryError::Binary { pid, source }),
+    }
+}
+
+fn plain_summary(mappings: &[Mapping]) -> PlainSummary {
+    let mut s = PlainSummary::default();
+    for m in mappings {
+        s.resident += m.rss;
+        s.swapped += m.swap;
+        if matches!(m.backing, Backing::File(_)) {
+            s.file_resident += m.rss;
+        } else {
+            s.anon_resident += m.rss;
+            s.anon_swapped += m.swap;
+        }
+    }
+    s
+}
+
+/// The runtime's heap index, where symbols, DWARF and the process allow.
+fn runtime_heap(
+    bin: &GoBinary,
+    exe: Option<&[u8]>,
+    bias: u64,
+    mem: Option<&ProcessMemory>,
+    page: u64,
+    notes: &mut Vec<String>,
+) -> Option<RuntimeHeap> {
+    let Some(exe) = exe else {
+        notes.push(if !bin.has_symtab {
+            "no symbol table (stripped): the heap is found from the mapping layout".into()
+        } else if !bin.has_dwarf {
+            "no DWARF (-w): the runtime's heap index cannot be decoded, the heap is found from the mapping layout".into()
+        } else {
+            format!("no {MHEAP_SYMBOL} symbol: the heap is found from the mapping layout")
+        });
+        return None;
+    };
+    let Some(mem) = mem else {
+        notes
+            .push("/proc/PID/mem cannot be read: the heap is found from the mapping layout".into());
+        return None;
+    };
+    let Some(layouts) = dwarf::heap_layouts(exe) else {
+        notes.push(
+            "the binary's DWARF could not be read: the heap is found from the mapping layout"
+                .into(),
+        );
+        return None;
+    };
+    let addr = bin.symbol(MHEAP_SYMBOL)?.wrapping_add(bias);
+    let amd64 = bin.arch == crate::binary::Arch::Amd64;
+    match mheap::read(mem, addr, &layouts, amd64, page) {
+        Ok(heap) => Some(heap),
+        Err(why) => {
+            notes.push(format!(
+                "the runtime's heap index was not used: {why}; the heap is found from the mapping layout"
+            ));
+            None
+        }
+    }
+}
+
+/// Whether every arena the index names lies in the process's mappings (a
+/// check that the index was read right); says so when not.
+fn covers_mappings(arenas: &[Range<u64>], mappings: &[Mapping], notes: &mut Vec<String>) -> bool {
+    let inside = arenas.iter().all(|a| {
+        mappings
+            .iter()
+            .any(|m| m.start < a.end && m.end > a.start && m.is_anonymous())
+    });
+    if !inside {
+        notes.push(
+            "the runtime's heap index names arenas outside the process's mappings: it was not used, the heap is found from the mapping layout"
+                .into(),
+        );
+    }
+    inside
+}
+
+fn arena_summary(ctx: &Context, mappings: &[Mapping]) -> ArenaSummary {
+    let source = ctx.arena_source.unwrap_or(Source::MappingLayout);
+    let ranges: Vec<Range<u64>> = if source == Source::VmaName {
+        let mut v: Vec<Range<u64>> = Vec::new();
+        for m in mappings.iter().filter(|m| {
+            m.go_name()
+                .is_some_and(|n| layout::go_name_class(n) == MemoryClass::HeapArenas)
+        }) {
+            match v.last_mut() {
+                Some(r) if r.end == m.start => r.end = m.end,
+                _ => v.push(m.range()),
+            }
+        }
+        v
+    } else {
+        ctx.arenas.clone()
+    };
+    ArenaSummary {
+        source,
+        count: ranges
+            .iter()
+            .map(|r| (r.end - r.start).div_ceil(HEAP_ARENA_BYTES))
+            .sum(),
+        ranges: ranges
+            .iter()
+            .map(|r| format!("{:#x}-{:#x}", r.start, r.end))
+            .collect(),
+    }
+}
+
+fn host_memory() -> HostMemory {
+    let sysctl = |name: &str| {
+        std::fs::read_to_string(format!("/proc/sys/vm/{name}"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    };
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let h = super::HostSwap::parse("", &meminfo, 0);
+    HostMemory {
+        swap_total_bytes: h.swap_total_bytes,
+        swap_free_bytes: h.swap_free_bytes,
+        swappiness: sysctl("swappiness"),
+        page_cluster: sysctl("page-cluster"),
+    }
+}
