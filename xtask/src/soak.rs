@@ -94,7 +94,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     // One traced program lives through the whole soak, every agent kill
     // and restart included: gcswap, idle but for a GC a second.
     let mut anchor = Anchor::start(&gcswap)?;
-    agent.wait_traced(port, Duration::from_secs(10))?;
+    agent.wait_traced(port, anchor.pid, Duration::from_secs(10))?;
     let started = Instant::now();
     let kill_every = (opts.kill_every > 0).then(|| Duration::from_secs(opts.kill_every));
     step(&format!(
@@ -180,14 +180,16 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         if agent.child.0.try_wait()?.is_some() {
             bail!("the agent exited during the soak (not killed by the soak)");
         }
+        // (The last agent is killed at the end in any case.)
         if let Some(every) = kill_every
             && agent.started.elapsed() >= every
+            && total.saturating_sub(started.elapsed()) > Duration::from_secs(15)
         {
             cpu_before_restarts += cpu_ticks(agent.pid)?;
             let report = kill_and_check(&mut agent, anchor.pid)?;
             println!("        {report}");
             agent = Agent::start(&gostw, port)?;
-            let retraced = agent.wait_traced(port, Duration::from_secs(10))?;
+            let retraced = agent.wait_traced(port, anchor.pid, Duration::from_secs(10))?;
             kills.push(KillReport { retraced, ..report });
             last_cpu = (Instant::now(), cpu_ticks(agent.pid)?);
         }
@@ -281,12 +283,14 @@ impl Agent {
         Ok(agent)
     }
 
-    /// Wait until the agent traces at least one process; returns how long
-    /// after its start.
-    fn wait_traced(&self, port: u16, timeout: Duration) -> anyhow::Result<Duration> {
-        while !traced(port, |n| n >= 1.0) {
-            if self.started.elapsed() > timeout {
-                bail!("the agent traced nothing within {timeout:?} of its start");
+    /// Wait until the agent traces `anchor` (its uprobes are in the
+    /// anchor's text, and it counts a traced process); returns how long
+    /// after the agent's start.
+    fn wait_traced(&self, port: u16, anchor: u32, timeout: Duration) -> anyhow::Result<Duration> {
+        let deadline = Instant::now() + timeout;
+        while !(leftovers::patched_text_bytes(anchor)? > 0 && traced(port, |n| n >= 1.0)) {
+            if Instant::now() > deadline {
+                bail!("the agent did not trace pid {anchor} within {timeout:?}");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
