@@ -1,7 +1,8 @@
 //! `cargo xtask demo`: the README's first command. Builds gostw and a bundled
-//! Go workload, traces it with `gostw run`, then runs the page-out scenario:
-//! the workload's memory pushed to swap between GCs, so its stop-the-world
-//! pauses take major faults on GC metadata.
+//! Go workload, traces it with `gostw run`, then runs the page-out scenario
+//! under `gostw run` (pageout.rs): the workload's memory pushed to swap
+//! between GCs, so its stop-the-world pauses take major faults on GC
+//! metadata; gostw's own output, then Go's own pause histogram.
 
 use std::{path::PathBuf, process::Command};
 
@@ -37,16 +38,16 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
          a line per pause of 200 us or more, then the summary",
     );
     exec(
-        Command::new(gostw)
+        Command::new(&gostw)
             .args(["run", "--threshold", "200us", "--"])
             .arg(&out),
     )?;
     step(
-        "the page-out scenario: a Go heap pushed to swap between GCs; pauses with major \
-         faults, their symbolized GC sites, own vs other waits (swap file and cgroup cleaned up)",
+        "the page-out scenario: gostw run on a Go heap pushed to swap before each GC; its pauses \
+         take major faults on GC metadata (swap file and cgroup removed at the end)",
     );
-    let matrix = format!("{}={}", toolchain.version, toolchain.go().display());
-    crate::scenario::run_with_go(crate::scenario::Scenario::Pageout, &matrix)
+    let gcswap = build_workload(toolchain, &opts.go, "gcswap")?;
+    crate::pageout::run(&gostw, &gcswap)
 }
 
 /// Build gostw in release mode; returns the binary.
@@ -65,19 +66,23 @@ pub fn build_gostw_release() -> anyhow::Result<PathBuf> {
 
 /// Build the bundled `stw` workload with `toolchain`; returns the binary.
 pub fn build_stw_workload(toolchain: go::Toolchain, version: &str) -> anyhow::Result<PathBuf> {
-    step(&format!("build the bundled workload with Go {version}"));
+    build_workload(toolchain, version, "stw")
+}
+
+/// Build `scripts/workloads/<name>` with `toolchain` into
+/// `target/go-workloads/<version>/<name>`; returns the binary.
+pub fn build_workload(
+    toolchain: go::Toolchain,
+    version: &str,
+    name: &str,
+) -> anyhow::Result<PathBuf> {
+    step(&format!(
+        "build the bundled workload {name} with Go {version}"
+    ));
     let out = workspace_root()
         .join("target/go-workloads")
         .join(version)
-        .join("stw");
-    exec(
-        Command::new(toolchain.go())
-            .current_dir(workspace_root().join("scripts/workloads/stw"))
-            .args(["build", "-o"])
-            .arg(&out)
-            .arg(".")
-            .env("GOTOOLCHAIN", "local")
-            .env("GOFLAGS", "-buildvcs=false"),
-    )?;
+        .join(name);
+    exec(&mut toolchain.build(name, &[], &out))?;
     Ok(out)
 }

@@ -1,8 +1,11 @@
 //! The Go toolchains of the test matrix and where they are installed.
 
-use std::path::PathBuf;
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
-use crate::cmd::cache_dir;
+use crate::cmd::{cache_dir, workspace_root};
 
 /// Where a toolchain comes from.
 #[derive(Clone, Copy)]
@@ -70,6 +73,25 @@ impl Toolchain {
             Source::Debian => PathBuf::from("/usr/lib/go-1.19/bin/go"),
             Source::Pip => self.install_dir().join("go/bin/go"),
         }
+    }
+}
+
+impl Toolchain {
+    /// `go build ARGS -o OUT .` of `scripts/workloads/<workload>` with this
+    /// toolchain only (no download of another), no VCS stamp and no module
+    /// proxy (the workloads have no dependencies).
+    pub fn build(self, workload: &str, args: &[&str], out: &Path) -> Command {
+        let mut cmd = Command::new(self.go());
+        cmd.current_dir(workspace_root().join("scripts/workloads").join(workload))
+            .arg("build")
+            .args(args)
+            .arg("-o")
+            .arg(out)
+            .arg(".")
+            .env("GOTOOLCHAIN", "local")
+            .env("GOFLAGS", "-buildvcs=false")
+            .env("GOPROXY", "off");
+        cmd
     }
 }
 

@@ -6,7 +6,9 @@
 mod bench;
 mod cmd;
 mod demo;
+mod fuzz;
 mod go;
+mod pageout;
 mod scenario;
 mod setup;
 mod soak;
@@ -37,7 +39,11 @@ enum Task {
     /// Run `gostw agent` for a while as Go processes come and go; report its
     /// RSS and CPU (not part of CI).
     SoakAgent(soak::Options),
-    /// Run a reproduction scenario with its report (kernel test, verbose).
+    /// Fuzz gostw's binary parsers for a bounded time (cargo-fuzz; not part
+    /// of CI); new crashers go into tracer/fuzz/crashers.
+    Fuzz(fuzz::Options),
+    /// Run a reproduction scenario: pageout with `gostw run`'s own output,
+    /// the others as their kernel test, verbose.
     Scenario(scenario::Options),
     /// (internal) The page-fault-heavy program `bench faults` times.
     #[command(hide = true)]
@@ -53,6 +59,7 @@ fn main() -> std::process::ExitCode {
         Task::VmTest(opts) => vm::run(&opts),
         Task::SoakAgent(opts) => soak::run(&opts),
         Task::Scenario(opts) => scenario::run(&opts),
+        Task::Fuzz(opts) => fuzz::run(&opts),
         Task::BenchFaultWorker(opts) => bench::faults::worker(&opts),
     };
     match result {

@@ -1,12 +1,14 @@
-//! `cargo xtask scenario <name>`: a reproduction scenario, run as its kernel
-//! test with output shown, so it sets up and cleans up (swap file, cgroup,
-//! processes) exactly as CI does, even when it fails.
+//! `cargo xtask scenario <name>`: a reproduction scenario. `pageout` runs
+//! the real `gostw run` on it and shows gostw's own output (pageout.rs, as
+//! in the demo); the others run as their kernel test with output shown.
+//! Each sets up and cleans up (swap file, cgroup, processes) even when it
+//! fails.
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
 
 use crate::{
     cmd::{exec, step},
-    go, setup,
+    demo, go, setup,
 };
 
 #[derive(clap::Args)]
@@ -19,7 +21,8 @@ pub struct Options {
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum Scenario {
     /// A Go process's memory pushed to swap (process_madvise) between GCs:
-    /// major faults on GC metadata inside stop-the-world pauses.
+    /// major faults on GC metadata inside stop-the-world pauses, as
+    /// `gostw run` reports them.
     Pageout,
     /// The same workload without page-out: pauses with no faults.
     Control,
@@ -29,17 +32,18 @@ pub enum Scenario {
 }
 
 pub fn run(opts: &Options) -> anyhow::Result<()> {
-    run_with_go(opts.name, &go::matrix_env())
-}
-
-/// Run scenario `name` with the Go toolchains of `matrix`
-/// (`GOSTW_GO_MATRIX` form).
-pub fn run_with_go(name: Scenario, matrix: &str) -> anyhow::Result<()> {
     if !setup::is_root() {
         bail!("scenarios need root (swap, cgroups, eBPF): run `sudo -E cargo xtask scenario ...`");
     }
-    let test = match name {
-        Scenario::Pageout => "faults::pageout_pauses_fault_on_gc_metadata",
+    let test = match opts.name {
+        Scenario::Pageout => {
+            let toolchain =
+                go::toolchain(go::DEFAULT).context("the default Go is in the matrix")?;
+            let gostw = demo::build_gostw_release()?;
+            let gcswap = demo::build_workload(toolchain, go::DEFAULT, "gcswap")?;
+            step("the page-out scenario under gostw run");
+            return crate::pageout::run(&gostw, &gcswap);
+        }
         Scenario::Control => "faults::without_pageout_pauses_have_no_faults",
         Scenario::Neighbour => "faults::neighbour_pressure_faults_agree_with_majflt",
     };
@@ -47,6 +51,6 @@ pub fn run_with_go(name: Scenario, matrix: &str) -> anyhow::Result<()> {
     exec(
         crate::test::kernel_tests()
             .args(["--", "--test-threads=1", "--nocapture", "--exact", test])
-            .env("GOSTW_GO_MATRIX", matrix),
+            .env("GOSTW_GO_MATRIX", go::matrix_env()),
     )
 }

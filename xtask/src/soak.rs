@@ -1,20 +1,27 @@
 //! `cargo xtask soak-agent`: run `gostw agent` for a while (not in CI) while
-//! Go processes of two Go versions start and exit over and over; sample the
-//! agent's RSS and CPU from /proc and judge whether its memory grows.
+//! Go processes of two Go versions start and exit over and over, and SIGKILL
+//! and restart the agent every minute; after each kill, check that the
+//! kernel freed every program, link and map it held and that no uprobe is
+//! left in a program it traced (leftovers.rs); require that no traced
+//! program fails; sample the agent's RSS and CPU from /proc and judge
+//! whether its memory grows.
+
+mod leftovers;
 
 use std::{
     fs,
-    io::{Read as _, Write as _},
+    io::{BufReader, Read as _, Write as _},
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{ChildStdin, ChildStdout, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
+use gostw_scenario::GcSwapControl;
 
 use crate::{
-    cmd::{step, workspace_root},
+    cmd::{Reaped, step, workspace_root},
     go, setup,
 };
 
@@ -29,19 +36,9 @@ pub struct Options {
     /// Go processes alive at once.
     #[arg(long, default_value_t = 6)]
     pub concurrent: usize,
-}
-
-/// Children killed and reaped on drop, whatever happens.
-#[derive(Default)]
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+    /// SIGKILL and restart the agent this often, in seconds (0: never).
+    #[arg(long, default_value_t = 60)]
+    pub kill_every: u64,
 }
 
 pub fn run(opts: &Options) -> anyhow::Result<()> {
@@ -55,54 +52,22 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         let out = crate::demo::build_stw_workload(t, version)?;
         bins.push(out);
     }
+    let default_go = go::toolchain(go::DEFAULT).context("the default Go is in the matrix")?;
+    let gcswap = crate::demo::build_workload(default_go, go::DEFAULT, "gcswap")?;
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let mut agent = Children::default();
-    agent.0.push(
-        Command::new(&gostw)
-            .args(["agent", "--listen", &format!("127.0.0.1:{port}")])
-            // Only this checkout's workloads: other checkouts' tests on the
-            // same host must not pay for uprobes.
-            .arg("--match")
-            .arg(format!(
-                "^{}/",
-                regex_escape(
-                    &workspace_root()
-                        .join("target/go-workloads")
-                        .display()
-                        .to_string()
-                )
-            ))
-            .args(["--poll-interval", "1s"])
-            .stdout(Stdio::null())
-            .spawn()
-            .context("starting gostw agent")?,
-    );
-    let agent_pid = agent.0[0].id();
-    let started = Instant::now();
-    while metrics(port).is_none() {
-        if started.elapsed() > Duration::from_secs(30) {
-            bail!("the agent did not serve /metrics within 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let mut agent = Agent::start(&gostw, port)?;
     step("discovery latency: Go process started -> traced (10 runs)");
     let mut latencies = Vec::new();
     for _ in 0..10 {
-        let mut probe = Children::default();
         let t0 = Instant::now();
-        probe.0.push(
+        let probe = Reaped(
             Command::new(&bins[0])
                 .args(["-duration", "3s", "-gc", "0", "-alloc-mb", "1"])
                 .stdout(Stdio::null())
                 .spawn()
                 .context("starting a workload")?,
         );
-        let traced = |n: f64| {
-            metrics(port)
-                .and_then(|m| metric_value(&m, "gostw_agent_processes_traced"))
-                .is_some_and(|v| v == n)
-        };
-        while !traced(1.0) {
+        while !traced(port, |n| n == 1.0) {
             if t0.elapsed() > Duration::from_secs(10) {
                 bail!("a new Go process was not traced within 10 s");
             }
@@ -110,7 +75,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         }
         latencies.push(t0.elapsed());
         drop(probe);
-        while !traced(0.0) {
+        while !traced(port, |n| n == 0.0) {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -125,31 +90,47 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         latencies[latencies.len() / 2],
         latencies[latencies.len() - 1]
     );
+
+    // One traced program lives through the whole soak, every agent kill
+    // and restart included: gcswap, idle but for a GC a second.
+    let mut anchor = Anchor::start(&gcswap)?;
+    agent.wait_traced(port, anchor.pid, Duration::from_secs(10))?;
     let started = Instant::now();
+    let kill_every = (opts.kill_every > 0).then(|| Duration::from_secs(opts.kill_every));
     step(&format!(
-        "soak for {} min: Go processes start and exit while the agent runs (pid {agent_pid})",
-        opts.minutes
+        "soak for {} min: Go processes start and exit while the agent runs{}",
+        opts.minutes,
+        match kill_every {
+            Some(d) => format!(", SIGKILLed and restarted every {d:?}"),
+            None => String::new(),
+        }
     ));
     let total = Duration::from_secs_f64(opts.minutes * 60.0);
-    let mut workloads = Children::default();
+    let mut workloads: Vec<Reaped> = Vec::new();
     let mut started_count = 0u64;
+    let mut crashed = Vec::new();
     let mut samples: Vec<(f64, u64)> = Vec::new();
+    let mut kills: Vec<KillReport> = Vec::new();
     let ticks = clock_ticks();
-    let mut last_cpu = (Instant::now(), cpu_ticks(agent_pid)?);
+    let mut cpu_before_restarts = 0u64;
+    let mut last_cpu = (Instant::now(), cpu_ticks(agent.pid)?);
     let mut next_sample = Instant::now();
-    println!(
-        "{:>7} {:>9} {:>7} {:>9} {:>7} {:>6} {:>9}",
-        "t(s)", "rss(KiB)", "cpu%", "started", "traced", "exes", "lost"
-    );
+    let mut next_gc = Instant::now();
+    print_header();
     while started.elapsed() < total {
-        workloads
-            .0
-            .retain_mut(|c| c.try_wait().ok().flatten().is_none());
-        while workloads.0.len() < opts.concurrent {
+        for Reaped(c) in &mut workloads {
+            if let Some(status) = c.try_wait()?
+                && !status.success()
+            {
+                crashed.push(format!("pid {}: {status}", c.id()));
+            }
+        }
+        workloads.retain_mut(|Reaped(c)| c.try_wait().ok().flatten().is_none());
+        while workloads.len() < opts.concurrent {
             let bin = &bins[(started_count % 2) as usize];
             // 1-4 s lives, so processes and executables come and go often.
             let secs = 1 + started_count % 4;
-            workloads.0.push(
+            workloads.push(Reaped(
                 Command::new(bin)
                     .args([
                         "-duration",
@@ -163,14 +144,18 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                     .stdout(Stdio::null())
                     .spawn()
                     .context("starting a workload")?,
-            );
+            ));
             started_count += 1;
         }
+        if Instant::now() >= next_gc {
+            anchor.gc()?;
+            next_gc = Instant::now() + Duration::from_secs(1);
+        }
         if Instant::now() >= next_sample {
-            let rss = rss_kib(agent_pid)?;
-            let cpu = cpu_ticks(agent_pid)?;
+            let rss = rss_kib(agent.pid)?;
+            let cpu = cpu_ticks(agent.pid)?;
             let now = Instant::now();
-            let pct = (cpu - last_cpu.1) as f64
+            let pct = cpu.saturating_sub(last_cpu.1) as f64
                 / ticks as f64
                 / now.duration_since(last_cpu.0).as_secs_f64()
                 * 100.0;
@@ -179,28 +164,239 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             let get = |name: &str| metric_value(&m, name).unwrap_or(f64::NAN);
             let t = started.elapsed().as_secs_f64();
             println!(
-                "{t:>7.0} {rss:>9} {pct:>7.2} {started_count:>9} {:>7} {:>6} {:>9}",
+                "{t:>7.0} {:>6} {rss:>9} {pct:>7.2} {started_count:>9} {:>7} {:>6} {:>9}",
+                kills.len() + 1,
                 get("gostw_agent_processes_traced"),
                 get("gostw_agent_executables_attached"),
                 sum_metric(&m, "gostw_agent_events_lost_total"),
             );
-            samples.push((t, rss));
+            // Warm samples only: RSS right after a restart is still growing
+            // to its steady size.
+            if agent.started.elapsed() >= Duration::from_secs(15) {
+                samples.push((t, rss));
+            }
             next_sample = now + Duration::from_secs(opts.sample_secs);
         }
-        if agent.0[0].try_wait()?.is_some() {
-            bail!("the agent exited during the soak");
+        if agent.child.0.try_wait()?.is_some() {
+            bail!("the agent exited during the soak (not killed by the soak)");
+        }
+        // (The last agent is killed at the end in any case.)
+        if let Some(every) = kill_every
+            && agent.started.elapsed() >= every
+            && total.saturating_sub(started.elapsed()) > Duration::from_secs(15)
+        {
+            cpu_before_restarts += cpu_ticks(agent.pid)?;
+            let report = kill_and_check(&mut agent, anchor.pid)?;
+            println!("        {report}");
+            agent = Agent::start(&gostw, port)?;
+            let retraced = agent.wait_traced(port, anchor.pid, Duration::from_secs(10))?;
+            kills.push(KillReport { retraced, ..report });
+            last_cpu = (Instant::now(), cpu_ticks(agent.pid)?);
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(workloads);
-    let cpu_total = cpu_ticks(agent_pid)? as f64 / ticks as f64;
+    let cpu_total = (cpu_before_restarts + cpu_ticks(agent.pid)?) as f64 / ticks as f64;
+    // The last agent is killed and checked too.
+    let last = kill_and_check(&mut agent, anchor.pid)?;
+    println!("        {last}");
+    kills.push(last);
+    let anchor_gcs = anchor.quit()?;
+    let elapsed = started.elapsed().as_secs_f64();
     println!(
-        "\n{started_count} Go processes started; agent CPU {cpu_total:.1} s in {:.0} s ({:.2}% of one core)",
-        started.elapsed().as_secs_f64(),
-        cpu_total / started.elapsed().as_secs_f64() * 100.0
+        "\n{started_count} Go processes started, {} exited with an error; the traced gcswap ran \
+         {anchor_gcs} GCs through {} agent kills and exited cleanly",
+        crashed.len(),
+        kills.len()
     );
+    println!(
+        "agent CPU {cpu_total:.1} s in {elapsed:.0} s ({:.2}% of one core)",
+        cpu_total / elapsed * 100.0
+    );
+    if !kills.is_empty() {
+        let max = |f: fn(&KillReport) -> Duration| kills.iter().map(f).max().unwrap_or_default();
+        println!(
+            "{} SIGKILLs: after each, every program, link and map the agent held was gone \
+             (slowest {:.0?}), no perf event named one, no uprobe byte was left in the traced \
+             program; restarted agents traced it again within {:.0?}",
+            kills.len(),
+            max(|k| k.freed_in),
+            max(|k| k.retraced),
+        );
+    }
     println!("{}", verdict(&samples));
+    if !crashed.is_empty() {
+        bail!("traced Go programs failed: {}", crashed.join(", "));
+    }
     Ok(())
+}
+
+fn print_header() {
+    println!(
+        "{:>7} {:>6} {:>9} {:>7} {:>9} {:>7} {:>6} {:>9}",
+        "t(s)", "agent#", "rss(KiB)", "cpu%", "started", "traced", "exes", "lost"
+    );
+}
+
+/// Whether the agent reports a number of traced processes `ok` accepts.
+fn traced(port: u16, ok: impl Fn(f64) -> bool) -> bool {
+    metrics(port)
+        .and_then(|m| metric_value(&m, "gostw_agent_processes_traced"))
+        .is_some_and(ok)
+}
+
+/// A running `gostw agent`, killed on drop.
+struct Agent {
+    child: Reaped,
+    pid: u32,
+    started: Instant,
+}
+
+impl Agent {
+    /// Start the agent on `port`, tracing only this checkout's workloads
+    /// (other checkouts' tests on the same host must not pay for uprobes),
+    /// and wait until it serves /metrics.
+    fn start(gostw: &Path, port: u16) -> anyhow::Result<Agent> {
+        let workloads = workspace_root().join("target/go-workloads");
+        let child = Command::new(gostw)
+            .args(["agent", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--match")
+            .arg(format!(
+                "^{}/",
+                regex_escape(&workloads.display().to_string())
+            ))
+            .args(["--poll-interval", "1s"])
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting gostw agent")?;
+        let agent = Agent {
+            pid: child.id(),
+            child: Reaped(child),
+            started: Instant::now(),
+        };
+        while metrics(port).is_none() {
+            if agent.started.elapsed() > Duration::from_secs(30) {
+                bail!("the agent did not serve /metrics within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(agent)
+    }
+
+    /// Wait until the agent traces `anchor` (its uprobes are in the
+    /// anchor's text, and it counts a traced process); returns how long
+    /// after the agent's start.
+    fn wait_traced(&self, port: u16, anchor: u32, timeout: Duration) -> anyhow::Result<Duration> {
+        let deadline = Instant::now() + timeout;
+        while !(leftovers::patched_text_bytes(anchor)? > 0 && traced(port, |n| n >= 1.0)) {
+            if Instant::now() > deadline {
+                bail!("the agent did not trace pid {anchor} within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(self.started.elapsed())
+    }
+}
+
+/// What one SIGKILL of the agent left behind (nothing, or the soak fails).
+#[derive(Clone, Copy, Default)]
+struct KillReport {
+    progs: usize,
+    links: usize,
+    maps: usize,
+    /// int3 bytes in the traced program's text just before the kill.
+    patched_before: usize,
+    /// From the kill (reaped) to the last object gone.
+    freed_in: Duration,
+    /// From the restart to the traced program being traced again.
+    retraced: Duration,
+}
+
+impl std::fmt::Display for KillReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "SIGKILL: {} programs, {} links, {} maps freed {:.0?} after; uprobe bytes in the \
+             traced program {} -> 0",
+            self.progs, self.links, self.maps, self.freed_in, self.patched_before
+        )
+    }
+}
+
+/// SIGKILL the agent; check that the kernel freed everything it held and
+/// that its uprobes are gone from the traced program `anchor`.
+fn kill_and_check(agent: &mut Agent, anchor: u32) -> anyhow::Result<KillReport> {
+    let held = leftovers::held_by(agent.pid)?;
+    let patched_before = leftovers::patched_text_bytes(anchor)?;
+    if held.progs.is_empty() || patched_before == 0 {
+        bail!(
+            "before the kill the agent held {} programs and the traced program had {patched_before} \
+             uprobe bytes: it was not tracing it, so the kill would prove nothing",
+            held.progs.len()
+        );
+    }
+    agent.child.0.kill()?;
+    agent.child.0.wait()?;
+    let freed_in = leftovers::wait_freed(&held, Duration::from_secs(10))?;
+    let patched_after = leftovers::patched_text_bytes(anchor)?;
+    if patched_after != 0 {
+        bail!("{patched_after} uprobe bytes left in the traced program after the agent was killed");
+    }
+    Ok(KillReport {
+        progs: held.progs.len(),
+        links: held.links.len(),
+        maps: held.maps.len(),
+        patched_before,
+        freed_in,
+        retraced: Duration::ZERO,
+    })
+}
+
+/// The traced program that lives through the soak: gcswap with a small
+/// heap, one GC a second; it must exit cleanly at the end.
+struct Anchor {
+    child: Reaped,
+    pid: u32,
+    control: GcSwapControl<BufReader<ChildStdout>, ChildStdin>,
+}
+
+impl Anchor {
+    fn start(gcswap: &Path) -> anyhow::Result<Anchor> {
+        let mut child = Command::new(gcswap)
+            .args(["-live-mb", "8", "-goroutines", "100", "-garbage-mb", "4"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting gcswap")?;
+        let mut control = GcSwapControl::new(
+            BufReader::new(child.stdout.take().expect("piped")),
+            child.stdin.take().expect("piped"),
+        );
+        control.ready(&mut |_| {})?;
+        Ok(Anchor {
+            pid: child.id(),
+            child: Reaped(child),
+            control,
+        })
+    }
+
+    fn gc(&mut self) -> anyhow::Result<()> {
+        self.control
+            .gc(&mut |_| {})
+            .context("the traced gcswap stopped answering")?;
+        Ok(())
+    }
+
+    /// Ask gcswap to exit; its GC count, once it exited with status 0.
+    fn quit(&mut self) -> anyhow::Result<u64> {
+        let report = self.control.quit(&mut |_| {})?;
+        let status = self.child.0.wait()?;
+        if !status.success() {
+            bail!("the traced gcswap exited with {status}");
+        }
+        let v: serde_json::Value = serde_json::from_str(&report)?;
+        v["gcs"].as_u64().context("gcswap's report has no gcs")
+    }
 }
 
 /// Compare the mean RSS of the second quarter (after warm-up) with the last

@@ -90,7 +90,8 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                     .args(["--", "--test-threads=1"])
                     .args(vm::HOST_SKIP.iter().flat_map(|t| ["--skip", *t]))
                     .args(&opts.kernel_test_args)
-                    .env("GOSTW_GO_MATRIX", go::matrix_env()),
+                    .env("GOSTW_GO_MATRIX", go::matrix_env())
+                    .env("GOSTW_CADDY", setup::caddy_path()),
             )
         })?;
         if !opts.no_vm {

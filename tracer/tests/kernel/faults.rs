@@ -51,14 +51,11 @@ impl GcSwapReport {
     }
 }
 
-/// Paged-out GCs per run.
-pub const ROUNDS: usize = 4;
-/// Eight walkers on eight Ps: a thread blocked in a fault keeps its P, so
-/// only GOMAXPROCS threads can wait at once, and with the leader of the walk
-/// waiting on its read, the others queue behind it on the same pages
-/// (other-thread waits) however busy the machine's two CPUs are.
-pub const ARGS: &[&str] = &["-live-mb", "64", "-goroutines", "4000", "-walkers", "8"];
-pub const ENV: &[(&str, &str)] = &[("GOMAXPROCS", "8")];
+/// Paged-out GCs per run, gcswap's arguments and environment: the page-out
+/// scenario's (gostw-scenario, which `cargo xtask demo` runs too).
+pub const ROUNDS: usize = gostw_scenario::PAGEOUT_ROUNDS;
+pub const ARGS: &[&str] = gostw_scenario::PAGEOUT_ARGS;
+pub const ENV: &[(&str, &str)] = gostw_scenario::PAGEOUT_ENV;
 
 struct Outcome {
     summary: FaultSummary,

@@ -2,6 +2,7 @@
 //! real Go binaries of every Go version of the matrix. Run serially (they
 //! share kernel state) through `cargo xtask test`.
 
+mod loopback;
 mod scenario;
 mod support;
 
@@ -12,6 +13,7 @@ mod faults;
 mod formats;
 mod memory;
 mod pauses;
+mod real_services;
 mod stack_growth;
 mod stw_probe;
 mod vm_env;

@@ -274,3 +274,15 @@ pub fn run_traced(session: &mut Session, binary: &GoBinary, args: &[&str]) -> (u
     );
     (pid, String::from_utf8_lossy(&out.stdout).into_owned())
 }
+
+/// CLOCK_MONOTONIC now, ns (the clock of pause records' `start_mono_ns`:
+/// Go's nanotime).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -12,7 +12,7 @@ use anyhow::{Context as _, bail};
 
 use super::Options;
 use crate::{
-    cmd::{exec, output, step, workspace_root},
+    cmd::{output, step},
     demo, go, setup,
 };
 
@@ -31,20 +31,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         bail!("gostw loads eBPF programs and needs root: run `sudo -E cargo xtask bench stack`");
     }
     let gostw = demo::build_gostw_release()?;
-    step("build the stackgrowth workload");
-    let workload = workspace_root()
-        .join("target/go-workloads")
-        .join(&opts.go)
-        .join("stackgrowth");
-    exec(
-        Command::new(toolchain.go())
-            .current_dir(workspace_root().join("scripts/workloads/stackgrowth"))
-            .args(["build", "-o"])
-            .arg(&workload)
-            .arg(".")
-            .env("GOTOOLCHAIN", "local")
-            .env("GOFLAGS", "-buildvcs=false"),
-    )?;
+    let workload = demo::build_workload(toolchain, &opts.go, "stackgrowth")?;
     let gostw = gostw.to_string_lossy().into_owned();
     let bt = format!(
         "uprobe:{}:runtime.newstack {{ @newstack = count(); }}",

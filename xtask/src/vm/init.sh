@@ -27,6 +27,17 @@ mount -t bpf bpf /sys/fs/bpf
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 echo "GOSTW_VM_KERNEL=$(uname -r)"
 
+# The payload is under /gostw; the tests name files by their host paths
+# (compiled in), so each host path becomes a link to its guest copy, made
+# now that /tmp and the rest are mounted and cannot hide it.
+link() {
+	[ ! -e "$3" ] && mkdir -p "$1" && ln -s "$2" "$3" || {
+		echo "GOSTW_VM_PAYLOAD_ERROR=cannot link $3 to $2 (is $3 a directory the guest makes itself?)"
+		finish 96
+	}
+}
+@LINKS@
+
 # Modules from the kernel's own package, dependencies first.
 for m in @MODULES@; do
 	insmod "/lib/modules/$m" || echo "GOSTW_VM_WARNING=insmod $m failed"

@@ -157,6 +157,9 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     );
     eprintln!("  console log  {}", log.display());
     let code = report.exit_code.context("no exit code")?;
+    if let Some(e) = report.fact("PAYLOAD_ERROR") {
+        bail!("the guest could not lay out the payload: {e}");
+    }
     if !report.fact("KPROBES").is_some_and(|v| v.starts_with("ok")) {
         bail!(
             "kprobes are not usable in the guest kernel ({})",

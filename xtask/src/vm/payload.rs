@@ -4,9 +4,14 @@
 //! take minutes), the shared libraries they need, and an initramfs holding
 //! all of it with busybox and the `/init` of init.sh.
 //!
-//! Host binaries keep their absolute host paths inside the guest, so
-//! compile-time paths (`env!("CARGO_BIN_EXE_gostw")`,
-//! `env!("CARGO_MANIFEST_DIR")/../scripts`) mean the same file there.
+//! The payload lives under one fixed guest directory, [`GUEST_ROOT`]: the
+//! checkout's files the tests use under `/gostw/checkout`, binaries built
+//! outside the checkout under `/gostw/bin`. The test binary carries host
+//! paths compiled in (`env!("CARGO_BIN_EXE_gostw")`,
+//! `env!("CARGO_MANIFEST_DIR")/../scripts`), so init.sh links each host path
+//! to its guest copy once the guest's own file systems are mounted: a
+//! checkout anywhere (under /tmp, which the guest mounts a tmpfs over, too)
+//! means the same files in the guest.
 
 use std::{
     collections::BTreeSet,
@@ -36,9 +41,15 @@ pub const WORKLOAD_VARIANTS: &[(&str, &[&str])] = &[
     ("-stripped", &["-ldflags=-s -w"]),
 ];
 
+/// The guest directory everything of the payload is under.
+const GUEST_ROOT: &str = "/gostw";
 /// Where the guest finds the pre-built workloads
 /// (`GOSTW_PREBUILT_WORKLOADS`: `<dir>/<go version>/<workload><variant>`).
 const GUEST_WORKLOADS: &str = "/gostw/workloads";
+/// The guest copy of the checkout (the parts the tests read).
+const GUEST_CHECKOUT: &str = "/gostw/checkout";
+/// Binaries built outside the checkout (`CARGO_TARGET_DIR` elsewhere).
+const GUEST_BIN: &str = "/gostw/bin";
 
 /// Host-built binaries the guest runs.
 pub struct Binaries {
@@ -101,19 +112,10 @@ pub fn build_workloads(toolchain: go::Toolchain, out: &Path) -> anyhow::Result<(
     names.sort();
     for name in &names {
         for (variant, args) in WORKLOAD_VARIANTS {
-            exec(
-                Command::new(toolchain.go())
-                    .current_dir(sources.join(name))
-                    .arg("build")
-                    .args(*args)
-                    .arg("-o")
-                    .arg(dir.join(format!("{name}{variant}")))
-                    .arg(".")
-                    .env("GOTOOLCHAIN", "local")
-                    .env("GOFLAGS", "-buildvcs=false")
-                    .env("GOPROXY", "off"),
-            )
-            .with_context(|| format!("building workload {name} with Go {}", toolchain.version))?;
+            exec(&mut toolchain.build(name, args, &dir.join(format!("{name}{variant}"))))
+                .with_context(|| {
+                    format!("building workload {name} with Go {}", toolchain.version)
+                })?;
         }
     }
     Ok(())
@@ -160,11 +162,19 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
         module_files.push(file.to_owned());
     }
 
-    // Host binaries at their host paths; debug info stripped (it is most of
-    // the test binary's size and the guest only needs symbols).
+    // Host binaries under the guest root, debug info stripped (it is most of
+    // the test binary's size and the guest only needs symbols); each host
+    // path a test may name gets a link to its guest copy.
+    let root = workspace_root();
+    let mut links = vec![(root.clone(), PathBuf::from(GUEST_CHECKOUT))];
     let mut elves = vec![busybox.to_owned()];
+    let mut guest_tests = None;
     for bin in [&p.binaries.tests, &p.binaries.gostw] {
-        let dest = in_stage(stage, bin);
+        let guest = guest_path(&root, bin)?;
+        if !bin.starts_with(&root) {
+            links.push((bin.clone(), guest.clone()));
+        }
+        let dest = in_stage(stage, &guest);
         fs::create_dir_all(dest.parent().unwrap())?;
         exec(
             Command::new("strip")
@@ -174,15 +184,18 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
                 .arg(&dest),
         )?;
         elves.push(bin.clone());
+        guest_tests.get_or_insert(guest);
     }
     let guest_workloads = stage.join(GUEST_WORKLOADS.trim_start_matches('/'));
     copy_tree(p.workloads, &guest_workloads)?;
     for entry in walk(&guest_workloads)? {
         elves.push(entry);
     }
-    // Scenario scripts and workload sources, where the tests expect them.
-    let scripts = workspace_root().join("scripts");
-    copy_tree(&scripts, &in_stage(stage, &scripts))?;
+    // Scenario scripts and workload sources, where the tests expect them;
+    // `tracer/` exists so that `CARGO_MANIFEST_DIR/../x` resolves.
+    let checkout = stage.join(GUEST_CHECKOUT.trim_start_matches('/'));
+    copy_tree(&root.join("scripts"), &checkout.join("scripts"))?;
+    fs::create_dir_all(checkout.join("tracer"))?;
 
     for lib in shared_libraries(&elves)? {
         let dest = in_stage(stage, &lib);
@@ -208,9 +221,10 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
                     .join(" ")
             ),
         )
+        .replace("@LINKS@", &link_commands(&links)?)
         .replace(
             "@TEST_BIN@",
-            &shell_quote(&p.binaries.tests.to_string_lossy()),
+            &shell_quote(&guest_tests.expect("two binaries").to_string_lossy()),
         )
         .replace(
             "@TEST_ARGS@",
@@ -238,9 +252,53 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
     Ok(())
 }
 
-/// `path` (absolute on the host) inside the staged root.
+/// `path` (absolute) inside the staged root.
 fn in_stage(stage: &Path, path: &Path) -> PathBuf {
     stage.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// Where the host binary `bin` goes in the guest: under the checkout copy at
+/// its place in the checkout, else under [`GUEST_BIN`].
+fn guest_path(root: &Path, bin: &Path) -> anyhow::Result<PathBuf> {
+    Ok(match bin.strip_prefix(root) {
+        Ok(rel) => Path::new(GUEST_CHECKOUT).join(rel),
+        Err(_) => Path::new(GUEST_BIN).join(
+            bin.file_name()
+                .with_context(|| format!("{} has no file name", bin.display()))?,
+        ),
+    })
+}
+
+/// init.sh lines linking each host path to its guest copy (nothing where
+/// they are the same path). A host path the guest cannot hold (under its
+/// /proc, /sys or the payload itself) is refused here, with the reason.
+fn link_commands(links: &[(PathBuf, PathBuf)]) -> anyhow::Result<String> {
+    let mut out = String::new();
+    for (host, guest) in links {
+        if host == guest {
+            continue;
+        }
+        if !host.is_absolute() {
+            bail!("{} is not an absolute path", host.display());
+        }
+        for reserved in ["/proc", "/sys", GUEST_ROOT] {
+            if host.starts_with(reserved) {
+                bail!(
+                    "{} is under {reserved}, which the VM's guest uses itself: \
+                     move the checkout (or CARGO_TARGET_DIR) elsewhere",
+                    host.display()
+                );
+            }
+        }
+        let parent = host.parent().unwrap_or(Path::new("/"));
+        out.push_str(&format!(
+            "link {} {} {}\n",
+            shell_quote(&parent.to_string_lossy()),
+            shell_quote(&guest.to_string_lossy()),
+            shell_quote(&host.to_string_lossy()),
+        ));
+    }
+    Ok(out)
 }
 
 /// Every shared library and dynamic loader `elves` need, per `ldd` (nothing
@@ -312,5 +370,30 @@ mod tests {
     fn shell_words_survive_quotes() {
         assert_eq!(shell_quote("stw_probe::"), "'stw_probe::'");
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
+    }
+
+    #[test]
+    fn host_paths_link_to_the_fixed_guest_root() {
+        let root = Path::new("/tmp/x");
+        assert_eq!(
+            guest_path(root, Path::new("/tmp/x/target/debug/gostw")).unwrap(),
+            Path::new("/gostw/checkout/target/debug/gostw")
+        );
+        assert_eq!(
+            guest_path(root, Path::new("/srv/t/debug/gostw")).unwrap(),
+            Path::new("/gostw/bin/gostw")
+        );
+        let links = [
+            (PathBuf::from("/tmp/x"), PathBuf::from(GUEST_CHECKOUT)),
+            (PathBuf::from(GUEST_CHECKOUT), PathBuf::from(GUEST_CHECKOUT)),
+        ];
+        assert_eq!(
+            link_commands(&links).unwrap(),
+            "link '/tmp' '/gostw/checkout' '/tmp/x'\n"
+        );
+        for bad in ["/proc/1/cwd/x", "/gostw/elsewhere", "relative"] {
+            let links = [(PathBuf::from(bad), PathBuf::from(GUEST_CHECKOUT))];
+            assert!(link_commands(&links).is_err(), "{bad}");
+        }
     }
 }

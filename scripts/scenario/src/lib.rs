@@ -1,0 +1,24 @@
+//! The pieces of gostw's reproduction scenarios, shared by the kernel tests
+//! (tracer/tests/kernel) and `cargo xtask demo`/`scenario`, so there is one
+//! way to make a Go process's pauses take major faults: a swap file, a
+//! memory cgroup, pushing the process's anonymous memory to swap between GCs
+//! and dropping the swap cache that leaves behind, and the `gcswap`
+//! workload's stdin/stdout protocol (scripts/workloads/gcswap).
+//!
+//! Everything that changes the machine is undone on drop, also when the
+//! caller fails. Errors are `std::io::Error`s whose text names what failed.
+
+mod cgroup;
+mod gcswap;
+mod pageout;
+mod swap;
+
+pub use cgroup::MemCgroup;
+pub use gcswap::{GcSwapControl, PAGEOUT_ARGS, PAGEOUT_ENV, PAGEOUT_ROUNDS};
+pub use pageout::{majflt, page_out, page_out_ranges, swap_out};
+pub use swap::SwapFile;
+
+/// `e` with `what` in front of its message (same kind).
+fn context(what: impl std::fmt::Display, e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("{what}: {e}"))
+}
