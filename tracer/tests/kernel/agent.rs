@@ -888,8 +888,26 @@ fn agent_and_attach_see_the_same_pauses_and_faults() {
     assert_eq!(agent_faults, attach_faults);
 }
 
-/// `bpftool prog show` run counts of the programs named `names`, summed.
-fn run_counts(names: &[&str]) -> u64 {
+/// The ids of the BPF programs process `pid` holds open (its fdinfo).
+fn prog_ids(pid: u32) -> std::collections::HashSet<u64> {
+    let mut ids = std::collections::HashSet::new();
+    for entry in fs::read_dir(format!("/proc/{pid}/fdinfo")).unwrap() {
+        let Ok(info) = fs::read_to_string(entry.unwrap().path()) else {
+            continue;
+        };
+        ids.extend(
+            info.lines()
+                .filter_map(|l| l.strip_prefix("prog_id:"))
+                .filter_map(|v| v.trim().parse::<u64>().ok()),
+        );
+    }
+    ids
+}
+
+/// `bpftool prog show` run counts of the programs of process `pid` named
+/// `names`, summed (other tools' programs on this host are not counted).
+fn run_counts(pid: u32, names: &[&str]) -> u64 {
+    let ids = prog_ids(pid);
     let out = Command::new("bpftool")
         .args(["prog", "show", "--json"])
         .output()
@@ -900,6 +918,7 @@ fn run_counts(names: &[&str]) -> u64 {
         .as_array()
         .unwrap()
         .iter()
+        .filter(|p| p["id"].as_u64().is_some_and(|id| ids.contains(&id)))
         .filter(|p| {
             p["name"]
                 .as_str()
@@ -942,7 +961,8 @@ fn an_idle_agent_runs_nothing_on_fault_or_scheduler_paths() {
         regex::escape(&bin.canonicalize().unwrap().display().to_string())
     );
     start_agent(&mut procs, port, &matching);
-    let base = run_counts(&hooks);
+    let agent = procs.children.last().unwrap().1.id();
+    let base = run_counts(agent, &hooks);
     // Host activity: page faults and context switches in other processes.
     let busy = Instant::now();
     while busy.elapsed() < Duration::from_secs(60) {
@@ -955,7 +975,7 @@ fn an_idle_agent_runs_nothing_on_fault_or_scheduler_paths() {
             .unwrap();
         assert!(out.status.success());
     }
-    let idle = run_counts(&hooks) - base;
+    let idle = run_counts(agent, &hooks) - base;
     // A Go process the agent traces: the hooks attach and run.
     let mut go = Command::new(&bin)
         .args(["-gc", "20"])
@@ -963,7 +983,7 @@ fn an_idle_agent_runs_nothing_on_fault_or_scheduler_paths() {
         .spawn()
         .unwrap();
     let traced = wait_until("the hooks to run", Duration::from_secs(30), || {
-        let n = run_counts(&hooks) - base;
+        let n = run_counts(agent, &hooks) - base;
         (n > idle).then_some(n)
     });
     let _ = go.wait();
