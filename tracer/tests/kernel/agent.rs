@@ -960,7 +960,7 @@ fn an_idle_agent_runs_nothing_on_fault_or_scheduler_paths() {
         "^{}$",
         regex::escape(&bin.canonicalize().unwrap().display().to_string())
     );
-    start_agent(&mut procs, port, &matching);
+    let log = start_agent(&mut procs, port, &matching);
     let agent = procs.children.last().unwrap().1.id();
     let base = run_counts(agent, &hooks);
     // Host activity: page faults and context switches in other processes.
@@ -982,10 +982,27 @@ fn an_idle_agent_runs_nothing_on_fault_or_scheduler_paths() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let traced = wait_until("the hooks to run", Duration::from_secs(30), || {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let traced = loop {
         let n = run_counts(agent, &hooks) - base;
-        (n > idle).then_some(n)
-    });
+        if n > idle {
+            break n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the hooks did not run once a Go process was traced ({} programs held by the agent); agent log:\n{}\nmetrics:\n{}",
+            prog_ids(agent).len(),
+            fs::read_to_string(&log).unwrap_or_default(),
+            http_get(port, "/metrics")
+                .map(|(_, b)| b)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.starts_with("gostw_agent") || l.starts_with("gostw_traced"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
     let _ = go.wait();
     // SAFETY: closing the statistics fd opened above.
     unsafe { libc::close(stats_fd as i32) };
