@@ -10,6 +10,7 @@ mod backend_agreement;
 mod binary_analysis;
 mod faults;
 mod formats;
+mod outputs;
 mod pauses;
 mod stack_growth;
 mod stw_probe;
