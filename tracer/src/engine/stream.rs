@@ -33,6 +33,9 @@ impl StackSource for aya::maps::StackTraceMap<aya::maps::MapData> {
     }
 }
 
+/// A fault stack's frames and the addresses they came from.
+type FaultStack = (Arc<[Frame]>, Arc<[u64]>);
+
 /// What the stream follows.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StreamOptions {
@@ -51,7 +54,7 @@ pub struct Stream {
     file_faults_seen: bool,
     images: HashMap<u32, ProcessImage>,
     /// Symbolized fault stacks and their raw addresses, per (process, stack id).
-    stack_cache: HashMap<(u32, i32), (Arc<[Frame]>, Arc<[u64]>)>,
+    stack_cache: HashMap<(u32, i32), FaultStack>,
 }
 
 impl Stream {
@@ -137,7 +140,7 @@ impl Stream {
 
     /// The frames of stack `id` of `tgid` and the addresses they came from
     /// (as many as have frames among the first `MAX_FRAMES`).
-    fn stack(&mut self, tgid: u32, id: i32) -> (Arc<[Frame]>, Arc<[u64]>) {
+    fn stack(&mut self, tgid: u32, id: i32) -> FaultStack {
         if id < 0 {
             return (Arc::from(Vec::new()), Arc::from([]));
         }

@@ -28,7 +28,7 @@ use axum::{
     Router,
     extract::{ConnectInfo, Query, State},
     http::{StatusCode, header},
-    response::{IntoResponse, Response},
+    response::{IntoResponse as _, Response},
     routing::get,
 };
 
@@ -164,9 +164,9 @@ pub async fn answer(
                     ),
                 );
             };
-            let start = lock(&p.store).snapshot(kind, &select);
+            let start = lock(&p.store).snapshot(kind, select);
             tokio::time::sleep(window).await;
-            let end = lock(&p.store).snapshot(kind, &select);
+            let end = lock(&p.store).snapshot(kind, select);
             how.span = Some((start.at_unix_ns, end.at_unix_ns - start.at_unix_ns));
             end.since(&start)
         }
