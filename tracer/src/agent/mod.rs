@@ -1,8 +1,9 @@
 //! `gostw agent`: one per host, for weeks. Its target is every Go process of
 //! the host (a `/proc` diff every poll interval, sooner after an exec
 //! notification); the engine attaches once per executable, traces every
-//! process of it and detaches when the last one exits; its sink is the
-//! Prometheus metrics, served over HTTP on a thread of its own.
+//! process of it and detaches when the last one exits; its sinks are the
+//! Prometheus metrics and the profile store, served over HTTP on a thread
+//! of its own (`/metrics`, `/debug/pprof/faults`, `/debug/pprof/stackgrowth`).
 
 pub mod server;
 
@@ -21,7 +22,10 @@ use regex::Regex;
 use crate::{
     engine::{Engine, Stop},
     kernel::{CoreOptions, capabilities::FaultSource, stacks::StackGrowthOptions},
-    sink::metrics::{Metrics, MetricsSink},
+    sink::{
+        metrics::{Metrics, MetricsSink},
+        profile::{GrowthCounting, ProfileCollector, store::Store},
+    },
     stackgrowth::Mode,
     targets::{Target, discovery::Filter, tracker::Limits},
 };
@@ -32,6 +36,10 @@ pub struct Args {
     /// Address to serve /metrics and /healthz on.
     #[arg(long, default_value = "127.0.0.1:9477")]
     pub listen: SocketAddr,
+    /// Serve /debug/pprof/* to peers other than loopback ones (profiles
+    /// name code and files; by default only 127.0.0.0/8 and ::1 get them).
+    #[arg(long)]
+    pub pprof_allow_remote: bool,
     /// Only trace processes whose executable path or command name matches.
     #[arg(long = "match", value_name = "REGEX", value_parser = parse_regex)]
     pub name: Option<Regex>,
@@ -96,10 +104,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     // Until a process is traced no fault backend is attached.
     metrics.fault_backend("none");
+    let profiles = server::Profiles {
+        store: Arc::new(std::sync::Mutex::new(Store::new())),
+        sample_hz: SAMPLE_HZ,
+        allow_remote: args.pprof_allow_remote,
+        windows: Default::default(),
+    };
     let stopped = Arc::new(AtomicBool::new(false));
     let (server_done_tx, server_done_rx) = tokio::sync::oneshot::channel::<()>();
     let server = {
         let (metrics, stopped) = (metrics.clone(), stopped.clone());
+        let profiles = profiles.clone();
         std::thread::Builder::new()
             .name("gostw-http".into())
             .spawn(move || -> anyhow::Result<()> {
@@ -108,7 +123,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     .build()
                     .context("starting the HTTP runtime")?;
                 let result = rt.block_on(async move {
-                    server::serve(listener, metrics, async move {
+                    server::serve(listener, metrics, profiles, async move {
                         let _ = server_done_rx.await;
                     })
                     .await
@@ -119,7 +134,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .context("starting the HTTP thread")?
     };
     eprintln!(
-        "gostw agent: serving http://{addr}/metrics; polling /proc every {:?}",
+        "gostw agent: serving http://{addr}/metrics and /debug/pprof/{{faults,stackgrowth}} ({}); polling /proc every {:?}",
+        if args.pprof_allow_remote {
+            "profiles to any peer"
+        } else {
+            "profiles to loopback peers"
+        },
         args.poll_interval
     );
     let filter = Filter {
@@ -127,7 +147,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         cgroup: args.cgroup,
     };
     let mut target = Target::host(filter, args.poll_interval);
-    let mut sink = MetricsSink::new(metrics.clone());
+    // The same stream to the metrics and to the profiles the HTTP thread reads.
+    let mut sink = (
+        MetricsSink::new(metrics.clone()),
+        ProfileCollector::new(profiles.store.clone(), GrowthCounting::Events),
+    );
     let result = loop {
         // Back every second to see whether the HTTP server still runs.
         let check = tokio::time::Instant::now() + Duration::from_secs(1);

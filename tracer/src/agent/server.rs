@@ -1,12 +1,17 @@
-//! The HTTP side: `/metrics` and `/healthz`, served by axum on a tokio
-//! runtime of its own thread, so a slow `/proc` poll or binary analysis never
-//! delays a scrape.
+//! The HTTP side: `/metrics`, `/healthz` and the profiles
+//! (`/debug/pprof/faults`, `/debug/pprof/stackgrowth`, see `pprof`), served
+//! by axum on a tokio runtime of its own thread, so a slow `/proc` poll or
+//! binary analysis never delays a scrape.
+
+pub mod pprof;
 
 use std::{
     net::{SocketAddr, TcpListener},
     sync::Arc,
     time::Instant,
 };
+
+pub use self::pprof::Profiles;
 
 use anyhow::Context as _;
 use axum::{
@@ -51,21 +56,34 @@ pub fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
+    profiles: Profiles,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let app = Router::new()
+    let app = router(metrics, profiles);
+    // The peer's address decides who gets profiles.
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+    .context("serving HTTP")
+}
+
+/// Every route of the agent.
+pub fn router(metrics: Arc<Metrics>, profiles: Profiles) -> Router {
+    Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/",
-            get(|| async { "gostw agent: /metrics (Prometheus), /healthz\n" }),
+            get(|| async {
+                "gostw agent: /metrics (Prometheus), /healthz, /debug/pprof/faults, /debug/pprof/stackgrowth?seconds=N\n"
+            }),
         )
-        .with_state(metrics);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .context("serving HTTP")
+        .with_state(metrics)
+        .merge(pprof::routes(profiles))
 }
 
 async fn metrics_handler(

@@ -3,7 +3,11 @@
 
 use tracer::{sink::report::View, targets::Target};
 
-use super::{Trace, TraceOptions, report, trace};
+use super::{
+    Trace, TraceOptions,
+    outputs::{Outputs, Profiles},
+    report, trace,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -17,9 +21,11 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     let target = Target::pid(args.pid)?;
     let core = args.trace.core();
+    let files = Outputs::new(&args.trace.files, Profiles::Traced, &core)?;
     trace(Trace {
         target,
         sink: report(View::Trace, args.trace.output()?, &core),
+        files,
         core,
         duration: args.trace.duration,
         wait_for_child: false,

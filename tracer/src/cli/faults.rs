@@ -9,7 +9,11 @@ use tracer::{
     units::parse_duration,
 };
 
-use super::{Trace, report, target_of, trace, writer};
+use super::{
+    Trace,
+    outputs::{FileOptions, Outputs, Profiles},
+    report, target_of, trace, writer,
+};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -22,6 +26,8 @@ pub struct Args {
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub files: FileOptions,
     /// Trace this running process.
     #[arg(long, conflicts_with = "command", required_unless_present = "command")]
     pub pid: Option<u32>,
@@ -35,11 +41,14 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         faults: Some(args.fault_source),
         stacks: None,
     };
+    let files = Outputs::new(&args.files, Profiles::Faults, &core)?;
+    // Files first: a bad path fails before a program starts.
     let target = target_of(args.pid, &args.command)?;
     let output = Output::new(writer(None)?, args.json, u64::MAX);
     trace(Trace {
         target,
         sink: report(View::Faults, output, &core),
+        files,
         core,
         duration: args.duration,
         wait_for_child: false,

@@ -4,6 +4,7 @@
 pub mod attach;
 pub mod faults;
 pub mod memory;
+pub mod outputs;
 pub mod run;
 pub mod stacks;
 
@@ -36,6 +37,8 @@ pub struct TraceOptions {
     /// Write the trace to this file instead of standard output.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub files: outputs::FileOptions,
     /// Which kernel mechanism observes major page faults.
     #[arg(long, value_enum, default_value_t)]
     pub fault_source: FaultSource,
@@ -130,6 +133,8 @@ pub struct Trace {
     pub target: Target,
     pub core: CoreOptions,
     pub sink: ReportSink,
+    /// `--pprof`, `--timeline`.
+    pub files: outputs::Outputs,
     pub duration: Option<Duration>,
     /// After tracing stops, wait for a started program and take its exit
     /// code (`run`); otherwise it keeps running untraced.
@@ -144,9 +149,10 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
     engine.core().leave();
     let deadline = t.duration.map(|d| tokio::time::Instant::now() + d);
     t.sink.announce = matches!(t.target, Target::Pid(_));
+    let mut sinks = (t.sink, t.files);
     loop {
-        let stop = engine.run(&mut t.target, &mut t.sink, deadline).await;
-        if let Some(e) = t.sink.take_write_error() {
+        let stop = engine.run(&mut t.target, &mut sinks, deadline).await;
+        if let Some(e) = sinks.0.take_write_error() {
             return Err(e).context("writing the trace");
         }
         match stop? {
@@ -173,7 +179,7 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
         }
     }
     let pid = t.target.single();
-    engine.finish(&mut t.sink);
+    engine.finish(&mut sinks);
     let exited = t.target.finished();
     match (pid, exited, t.target.child_mut().is_some()) {
         (Some(pid), false, _) => {
@@ -182,9 +188,11 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
         (Some(pid), true, false) => eprintln!("gostw: pid {pid} exited"),
         _ => {}
     }
-    t.sink
+    let (mut report, files) = sinks;
+    report
         .finish(engine.elapsed().as_nanos() as u64)
         .context("writing the summary")?;
+    files.finish()?;
     let code = match (t.target.exit_status(), t.target.child_mut()) {
         (Some(code), _) => code,
         (None, Some(child)) if t.wait_for_child => tracer::targets::exit_code(child.wait()?),

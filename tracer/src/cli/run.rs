@@ -5,7 +5,11 @@ use std::ffi::OsString;
 
 use tracer::sink::report::View;
 
-use super::{Trace, TraceOptions, report, target_of, trace};
+use super::{
+    Trace, TraceOptions,
+    outputs::{Outputs, Profiles},
+    report, target_of, trace,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -19,10 +23,13 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     let output = args.trace.output()?;
     let core = args.trace.core();
+    let files = Outputs::new(&args.trace.files, Profiles::Traced, &core)?;
+    // Files first: a bad path fails before a program starts.
     let target = target_of(None, &args.command)?;
     trace(Trace {
         target,
         sink: report(View::Trace, output, &core),
+        files,
         core,
         duration: args.trace.duration,
         wait_for_child: true,

@@ -14,7 +14,11 @@ use tracer::{
     units::parse_duration,
 };
 
-use super::{Trace, report, target_of, trace, writer};
+use super::{
+    Trace,
+    outputs::{FileOptions, Outputs, Profiles},
+    report, target_of, trace, writer,
+};
 
 /// Arguments of `gostw stacks`.
 #[derive(clap::Args)]
@@ -57,6 +61,8 @@ pub struct StacksArgs {
     /// (runtime.allglen), else the goroutines seen growing.
     #[arg(long)]
     goroutines: Option<u64>,
+    #[command(flatten)]
+    files: FileOptions,
     /// The program to start and trace, after `--`.
     #[arg(last = true)]
     command: Vec<OsString>,
@@ -81,6 +87,8 @@ pub async fn run(args: StacksArgs) -> anyhow::Result<i32> {
             exact_event_every: args.event_every,
         }),
     };
+    let files = Outputs::new(&args.files, Profiles::StackGrowth, &core)?;
+    // Files first: a bad path fails before a program starts.
     let target = target_of(args.pid, &args.command)?;
     // A started program keeps the terminal's standard output for its own
     // text (JSON stays on standard output, one line, for machines).
@@ -94,6 +102,7 @@ pub async fn run(args: StacksArgs) -> anyhow::Result<i32> {
     trace(Trace {
         target,
         sink,
+        files,
         core,
         duration: args.duration,
         wait_for_child: false,

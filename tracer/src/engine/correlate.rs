@@ -274,6 +274,7 @@ mod tests {
             wait_own_ns: 7,
             wait_other_ns: 3,
             stack: Arc::from(Vec::new()),
+            pcs: Arc::from([]),
         }
     }
 

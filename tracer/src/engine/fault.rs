@@ -39,6 +39,10 @@ pub struct Fault {
     /// Symbolized user stack, innermost first (shared between faults with
     /// the same stack).
     pub stack: Arc<[Frame]>,
+    /// The stack's addresses as the kernel read them (runtime addresses,
+    /// innermost first), one per location of `stack`: each location is a
+    /// run of inlined frames closed by a non-inlined one. Empty if unknown.
+    pub pcs: Arc<[u64]>,
 }
 
 impl Fault {
@@ -67,6 +71,7 @@ impl Fault {
             wait_own_ns: ev.wait_own_ns,
             wait_other_ns: ev.wait_other_ns,
             stack,
+            pcs: Arc::from([]),
         }
     }
 

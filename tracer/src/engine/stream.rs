@@ -33,6 +33,9 @@ impl StackSource for aya::maps::StackTraceMap<aya::maps::MapData> {
     }
 }
 
+/// A fault stack's frames and the addresses they came from.
+type FaultStack = (Arc<[Frame]>, Arc<[u64]>);
+
 /// What the stream follows.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StreamOptions {
@@ -50,7 +53,8 @@ pub struct Stream {
     /// The backend marks every file-backed fault (see `Fault::from_event`).
     file_faults_seen: bool,
     images: HashMap<u32, ProcessImage>,
-    stack_cache: HashMap<(u32, i32), Arc<[Frame]>>,
+    /// Symbolized fault stacks and their raw addresses, per (process, stack id).
+    stack_cache: HashMap<(u32, i32), FaultStack>,
 }
 
 impl Stream {
@@ -103,8 +107,9 @@ impl Stream {
         match event {
             Event::Pause(ev) => self.correlator.pause(pause::record(&ev, self.clock), out),
             Event::Fault(ev) if self.opts.faults => {
-                let stack = self.stack(ev.header.tgid, ev.user_stack_id);
-                let fault = Fault::from_event(&ev, stack, self.file_faults_seen);
+                let (stack, pcs) = self.stack(ev.header.tgid, ev.user_stack_id);
+                let mut fault = Fault::from_event(&ev, stack, self.file_faults_seen);
+                fault.pcs = pcs;
                 self.correlator.fault(fault, out);
             }
             Event::StackGrowth(ev) if self.opts.stacks => out.push(Observed::StackGrowth(ev)),
@@ -133,14 +138,16 @@ impl Stream {
         self.correlator.finish(out);
     }
 
-    fn stack(&mut self, tgid: u32, id: i32) -> Arc<[Frame]> {
+    /// The frames of stack `id` of `tgid` and the addresses they came from
+    /// (as many as have frames among the first `MAX_FRAMES`).
+    fn stack(&mut self, tgid: u32, id: i32) -> FaultStack {
         if id < 0 {
-            return Arc::from(Vec::new());
+            return (Arc::from(Vec::new()), Arc::from([]));
         }
         if let Some(s) = self.stack_cache.get(&(tgid, id)) {
             return s.clone();
         }
-        let pcs = self
+        let mut pcs = self
             .stacks
             .as_ref()
             .map_or_else(Vec::new, |s| s.addresses(id as u32));
@@ -152,8 +159,13 @@ impl Stream {
                 .map(|&pc| Frame::unknown(pc))
                 .collect(),
         };
-        self.stack_cache.insert((tgid, id), frames.clone());
-        frames
+        // One address per location: a location ends at a non-inlined frame
+        // (or where MAX_FRAMES cut the stack).
+        let cut = frames.last().is_some_and(|f| f.inlined);
+        pcs.truncate(frames.iter().filter(|f| !f.inlined).count() + usize::from(cut));
+        let both = (frames, Arc::from(pcs));
+        self.stack_cache.insert((tgid, id), both.clone());
+        both
     }
 }
 

@@ -72,7 +72,7 @@ pub struct MappingInfo {
 
 /// One address of a stack and the source frames it stands for, innermost
 /// (inlined callee) first, as `Symbolizer::symbolize` gives them.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Location {
     pub address: u64,
     pub frames: Vec<Frame>,

@@ -140,10 +140,29 @@ pub const FAULT_SAMPLE_TYPES: &[(&str, &str)] =
 
 /// The gzipped fault profile of `faults`.
 pub fn faults_profile(info: &ProfileInfo, faults: &[FaultRecord<'_>]) -> Vec<u8> {
-    let mut b = ProfileBuilder::new(FAULT_SAMPLE_TYPES);
-    info.apply(&mut b);
-    b.default_sample_type("major_faults");
+    let mut p = FaultProfile::new(info);
     for f in faults {
+        p.add(f, 1, f.duration_ns, &[]);
+    }
+    p.encode_gzip()
+}
+
+/// A fault profile built sample by sample, for callers that count faults
+/// themselves (a long-running collector adds each distinct site once).
+pub struct FaultProfile(ProfileBuilder);
+
+impl FaultProfile {
+    /// An empty fault profile covering `info`.
+    pub fn new(info: &ProfileInfo) -> FaultProfile {
+        let mut b = ProfileBuilder::new(FAULT_SAMPLE_TYPES);
+        info.apply(&mut b);
+        b.default_sample_type("major_faults");
+        FaultProfile(b)
+    }
+
+    /// `faults` faults like `f` (its `duration_ns` is not used), `fault_ns`
+    /// in all, with `extra` labels beside the fault's own.
+    pub fn add(&mut self, f: &FaultRecord<'_>, faults: u64, fault_ns: u64, extra: &[Label]) {
         let mut labels = vec![Label::str("backing", f.backing.label())];
         match f.pause {
             Some(p) => {
@@ -154,11 +173,20 @@ pub fn faults_profile(info: &ProfileInfo, faults: &[FaultRecord<'_>]) -> Vec<u8>
             }
             None => labels.push(Label::str("in_pause", "false")),
         }
-        let time = i64::try_from(f.duration_ns).unwrap_or(i64::MAX);
-        b.add(f.stack, &[1, time], &labels)
+        labels.extend_from_slice(extra);
+        self.0
+            .add(f.stack, &[sat(faults), sat(fault_ns)], &labels)
             .expect("one value per fault sample type");
     }
-    b.encode_gzip()
+
+    /// The gzipped profile.
+    pub fn encode_gzip(&self) -> Vec<u8> {
+        self.0.encode_gzip()
+    }
+}
+
+fn sat(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 /// How the stack-growth records were counted.
@@ -198,35 +226,61 @@ pub fn stack_growth_profile(
     mode: StackGrowthMode,
     records: &[GrowthRecord<'_>],
 ) -> Vec<u8> {
-    let sat = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    let (mut b, period_ns) = match mode {
-        StackGrowthMode::Exact => {
-            let mut b = ProfileBuilder::new(EXACT_GROWTH_SAMPLE_TYPES);
-            b.default_sample_type("growths");
-            (b, None)
-        }
-        StackGrowthMode::Sampled { sample_hz } => {
-            let period = 1_000_000_000 / i64::from(sample_hz.max(1));
-            let mut b = ProfileBuilder::new(SAMPLED_GROWTH_SAMPLE_TYPES);
-            b.period(("cpu", "nanoseconds"), period)
-                .default_sample_type("copy_cpu");
-            (b, Some(period))
-        }
-    };
-    info.apply(&mut b);
+    let mut p = GrowthProfile::new(info, mode);
     for r in records {
+        p.add(r, &[]);
+    }
+    p.encode_gzip()
+}
+
+/// A stack-growth profile built record by record.
+pub struct GrowthProfile {
+    b: ProfileBuilder,
+    /// Sampled mode: CPU time per sample, ns.
+    period_ns: Option<i64>,
+}
+
+impl GrowthProfile {
+    /// An empty stack-growth profile of `mode` covering `info`.
+    pub fn new(info: &ProfileInfo, mode: StackGrowthMode) -> GrowthProfile {
+        let (mut b, period_ns) = match mode {
+            StackGrowthMode::Exact => {
+                let mut b = ProfileBuilder::new(EXACT_GROWTH_SAMPLE_TYPES);
+                b.default_sample_type("growths");
+                (b, None)
+            }
+            StackGrowthMode::Sampled { sample_hz } => {
+                let period = 1_000_000_000 / i64::from(sample_hz.max(1));
+                let mut b = ProfileBuilder::new(SAMPLED_GROWTH_SAMPLE_TYPES);
+                b.period(("cpu", "nanoseconds"), period)
+                    .default_sample_type("copy_cpu");
+                (b, Some(period))
+            }
+        };
+        info.apply(&mut b);
+        GrowthProfile { b, period_ns }
+    }
+
+    /// One record, with `extra` labels beside its sizes.
+    pub fn add(&mut self, r: &GrowthRecord<'_>, extra: &[Label]) {
         let mut labels = vec![Label::num("old_stack", sat(r.old_stack), "bytes")];
         if r.new_stack != 0 {
             labels.push(Label::num("new_stack", sat(r.new_stack), "bytes"));
         }
-        let values = match period_ns {
+        labels.extend_from_slice(extra);
+        let values = match self.period_ns {
             None => [sat(r.events), sat(r.bytes_copied)],
             Some(p) => [sat(r.events), sat(r.events).saturating_mul(p)],
         };
-        b.add(r.stack, &values, &labels)
+        self.b
+            .add(r.stack, &values, &labels)
             .expect("two values per growth sample type");
     }
-    b.encode_gzip()
+
+    /// The gzipped profile.
+    pub fn encode_gzip(&self) -> Vec<u8> {
+        self.b.encode_gzip()
+    }
 }
 
 #[cfg(test)]

@@ -4,9 +4,14 @@
 //! - `report`: live lines and the summary, as text or JSON (attach, run,
 //!   faults, stacks).
 //! - `metrics`: the agent's Prometheus metrics.
+//! - `profile`: pprof profiles of faults and stack growth (`--pprof`, the
+//!   agent's `/debug/pprof/*`).
+//! - `timeline`: the trace-event timeline (`--timeline`).
 
 pub mod metrics;
+pub mod profile;
 pub mod report;
+pub mod timeline;
 
 use crate::engine::observed::Observed;
 
@@ -18,6 +23,15 @@ pub trait Sink {
     fn observe_all(&mut self, all: &[Observed]) {
         for o in all {
             self.observe(o);
+        }
+    }
+}
+
+/// A sink that may be absent (an output not asked for).
+impl<S: Sink> Sink for Option<S> {
+    fn observe(&mut self, o: &Observed) {
+        if let Some(s) = self {
+            s.observe(o);
         }
     }
 }

@@ -27,13 +27,13 @@ const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
 
 /// Every process a test started, killed and reaped on drop (also when the
 /// test panics), and the scratch directory removed.
-struct Procs {
+pub struct Procs {
     children: Vec<(String, Child)>,
     dir: PathBuf,
 }
 
 impl Procs {
-    fn new(name: &str) -> Procs {
+    pub fn new(name: &str) -> Procs {
         let dir = std::env::temp_dir().join(format!("gostw-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
@@ -43,7 +43,7 @@ impl Procs {
         }
     }
 
-    fn spawn(&mut self, name: &str, cmd: &mut Command) -> u32 {
+    pub fn spawn(&mut self, name: &str, cmd: &mut Command) -> u32 {
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("starting {name}: {e}"));
@@ -80,7 +80,7 @@ impl Drop for Procs {
 }
 
 /// A free loopback port (bound, then released for the server to take).
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -105,7 +105,7 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body.to_owned()))
 }
 
-fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f() {
@@ -215,7 +215,7 @@ fn start_prometheus(procs: &mut Procs, agent_port: u16) -> u16 {
     port
 }
 
-fn start_agent(procs: &mut Procs, port: u16, matching: &str) -> PathBuf {
+pub fn start_agent(procs: &mut Procs, port: u16, matching: &str) -> PathBuf {
     let log_path = procs.dir.join("agent.log");
     let log = fs::File::create(&log_path).unwrap();
     procs.spawn(
@@ -419,7 +419,7 @@ fn agent_exports_go_processes_to_prometheus() {
 
 /// Sum of the values of `name` series whose labels contain every `filters`
 /// entry (`key="value"`), in a Prometheus text exposition.
-fn sum_series(body: &str, name: &str, filters: &[&str]) -> f64 {
+pub fn sum_series(body: &str, name: &str, filters: &[&str]) -> f64 {
     body.lines()
         .filter_map(|l| {
             let rest = l.strip_prefix(name)?.strip_prefix('{')?;

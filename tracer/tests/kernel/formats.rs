@@ -41,7 +41,7 @@ const SHALLOW_GROWTHS: i64 = 10;
 const OLD_STACK: i64 = 2048;
 
 /// `go tool pprof ARGS PROFILE`, its standard output; panics with stderr.
-fn pprof_tool(go: &GoToolchain, args: &[&str], profile: &Path) -> String {
+pub fn pprof_tool(go: &GoToolchain, args: &[&str], profile: &Path) -> String {
     let out = Command::new(&go.go)
         .args(["tool", "pprof"])
         .args(args)
@@ -152,7 +152,7 @@ fn main_mapping(binary: &GoBinary) -> MappingInfo {
 }
 
 /// The rows of `-top` output: (flat, function), in order.
-fn top_rows(top: &str) -> Vec<(String, String)> {
+pub fn top_rows(top: &str) -> Vec<(String, String)> {
     top.lines()
         .skip_while(|l| !l.trim_start().starts_with("flat"))
         .skip(1)
@@ -164,7 +164,7 @@ fn top_rows(top: &str) -> Vec<(String, String)> {
 }
 
 /// Writes `bytes` to target/formats-test/NAME, kept for a look afterwards.
-fn write_output(name: &str, bytes: &[u8]) -> PathBuf {
+pub fn write_output(name: &str, bytes: &[u8]) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap()

@@ -12,6 +12,7 @@ mod binary_analysis;
 mod faults;
 mod formats;
 mod memory;
+mod outputs;
 mod pauses;
 mod real_services;
 mod stack_growth;

@@ -290,6 +290,7 @@ mod tests {
                     start_line: 0,
                 },
             ]),
+            pcs: Arc::from([]),
         }
     }
 

@@ -150,6 +150,7 @@ mod tests {
                     inlined: false,
                     start_line: 0,
                 }]),
+                pcs: Arc::from([]),
             }],
         });
         let text = render_text(&r.summary(), 5);
