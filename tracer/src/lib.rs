@@ -10,6 +10,7 @@ pub mod inspect;
 pub mod kernel_support;
 pub mod pauses;
 pub mod pipeline;
+pub mod privilege;
 pub mod process;
 pub mod report;
 pub mod session;
