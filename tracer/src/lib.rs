@@ -13,6 +13,7 @@ pub mod image;
 pub mod inspect;
 pub mod kernel;
 pub mod memory;
+pub mod privilege;
 pub mod sink;
 pub mod stackgrowth;
 pub mod targets;

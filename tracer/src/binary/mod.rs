@@ -166,7 +166,7 @@ impl GoBinary {
         Self::from_file(path, FileBytes::Owned(data))
     }
 
-    fn from_file(path: &Path, data: FileBytes) -> Result<GoBinary, BinaryError> {
+    pub(crate) fn from_file(path: &Path, data: FileBytes) -> Result<GoBinary, BinaryError> {
         let malformed = |reason: String| BinaryError::Malformed {
             path: path.to_owned(),
             reason,

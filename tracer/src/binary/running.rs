@@ -12,7 +12,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::{BinaryError, GoBinary};
+use super::{BinaryError, FileBytes, GoBinary};
 
 /// Where a process's executable is.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -43,8 +43,13 @@ pub fn process_exe(pid: u32) -> Result<ProcessExe, BinaryError> {
     let exe = fs::read_link(&exe_link).map_err(|e| {
         let why = if e.kind() == std::io::ErrorKind::NotFound {
             "has no executable (a kernel thread, or it exited)".to_owned()
+        } else if e.kind() == std::io::ErrorKind::PermissionDenied {
+            format!(
+                "cannot read its executable link: {e}; {}",
+                crate::privilege::proc_access_denied(pid)
+            )
         } else {
-            format!("cannot read its executable link: {e} (gostw needs root or CAP_SYS_PTRACE)")
+            format!("cannot read its executable link: {e}")
         };
         proc_error(pid, why)
     })?;
@@ -82,12 +87,19 @@ pub fn process_exe(pid: u32) -> Result<ProcessExe, BinaryError> {
 }
 
 impl GoBinary {
-    /// Analyse the executable of process `pid` (`path` is the host path).
+    /// Analyse the executable of process `pid` (`path` is the host path),
+    /// mapped through `/proc/PID/exe`.
     pub fn open_pid(pid: u32) -> Result<GoBinary, BinaryError> {
         let exe = process_exe(pid)?;
-        let data = fs::read(format!("/proc/{pid}/exe"))
-            .map_err(|e| proc_error(pid, format!("cannot read its executable: {e}")))?;
-        GoBinary::from_bytes(&exe.host_path, data).map_err(|e| match e {
+        let data = FileBytes::map(Path::new(&format!("/proc/{pid}/exe"))).map_err(|e| {
+            let why = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                format!("; {}", crate::privilege::proc_access_denied(pid))
+            } else {
+                String::new()
+            };
+            proc_error(pid, format!("cannot read its executable: {e}{why}"))
+        })?;
+        GoBinary::from_file(&exe.host_path, data).map_err(|e| match e {
             BinaryError::NotGo { .. } | BinaryError::NotElf { .. } => {
                 proc_error(pid, format!("{} is not a Go program", exe.exe.display()))
             }

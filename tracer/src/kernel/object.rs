@@ -58,13 +58,25 @@ impl Object {
         let ebpf = EbpfLoader::new().btf(None).load(EBPF_OBJECT).map_err(|e| {
             // SAFETY: no preconditions.
             let root = unsafe { libc::geteuid() } == 0;
-            let msg = e.to_string();
+            // The errno is in the source chain (a map or program creation error).
+            let msg = format!("{e} {e:?}");
             let hint = if !root || msg.contains("EPERM") || msg.contains("ermission") {
-                " (gostw needs root, or CAP_BPF + CAP_PERFMON)"
+                format!(" ({})", crate::privilege::bpf_denied())
             } else {
-                ""
+                String::new()
             };
-            anyhow::anyhow!("loading the eBPF programs failed{hint}: {e}")
+            // The deepest cause (the errno), unless the message already says it.
+            let mut deepest: Option<&dyn std::error::Error> = None;
+            let mut next = std::error::Error::source(&e);
+            while let Some(s) = next {
+                deepest = Some(s);
+                next = s.source();
+            }
+            let cause = deepest
+                .map(|s| s.to_string())
+                .filter(|s| !e.to_string().contains(s.as_str()))
+                .map_or(String::new(), |s| format!(": {s}"));
+            anyhow::anyhow!("loading the eBPF programs failed{hint}: {e}{cause}")
         })?;
         Ok(Object { ebpf })
     }

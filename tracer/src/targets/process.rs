@@ -19,10 +19,13 @@ use crate::{binary::BinaryError, image::ExecutableImage};
 pub enum TargetError {
     #[error("no process with pid {0} (it has exited, or never existed)")]
     NoSuchProcess(u32),
-    #[error(
-        "cannot read /proc/{pid}/exe: {error}; gostw needs root to trace another user's process"
-    )]
-    NoAccess { pid: u32, error: io::Error },
+    #[error("cannot read /proc/{pid}/exe: {error}; {why}")]
+    NoAccess {
+        pid: u32,
+        error: io::Error,
+        /// Which check refused it (`privilege::proc_access_denied`).
+        why: String,
+    },
     #[error("pid {pid} ({exe}) is not a Go program: gostw traces Go programs (Go 1.19 or later)")]
     NotGo { pid: u32, exe: String },
     #[error("pid {pid} ({exe}): {error}")]
@@ -137,7 +140,13 @@ impl LiveProcess {
                     exe: "no executable".into(),
                 }));
             }
-            Err(error) => return Err(gone_or(TargetError::NoAccess { pid, error })),
+            Err(error) => {
+                return Err(gone_or(TargetError::NoAccess {
+                    pid,
+                    error,
+                    why: crate::privilege::proc_access_denied(pid),
+                }));
+            }
         };
         let image = ExecutableImage::of_pid(pid).map_err(|e| {
             gone_or(match e {
@@ -154,7 +163,11 @@ impl LiveProcess {
                 BinaryError::Read { source, .. }
                     if source.kind() == io::ErrorKind::PermissionDenied =>
                 {
-                    TargetError::NoAccess { pid, error: source }
+                    TargetError::NoAccess {
+                        pid,
+                        error: source,
+                        why: crate::privilege::proc_access_denied(pid),
+                    }
                 }
                 error => TargetError::Binary {
                     pid,

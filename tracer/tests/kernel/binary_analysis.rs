@@ -1518,3 +1518,47 @@ fn inspect_json_keys_are_documented_in_readme() {
     );
     eprintln!("{} JSON keys of gostw inspect are documented", seen.len());
 }
+
+/// Root in a user namespace (`unshare -r`, as in rootless containers) is
+/// refused both another process's executable and bpf(): gostw says which
+/// check refused it instead of asking for root it already has.
+#[test]
+fn refusals_say_which_check_failed() {
+    require_root();
+    let newest = builds().last().unwrap();
+    let exe = sibling(newest, "exe");
+    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    let in_userns = |args: &[&str]| {
+        let out = Command::new("unshare")
+            .args(["-r", GOSTW])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("unshare");
+        assert!(!out.status.success(), "gostw {args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    for args in [
+        &["inspect", "--pid", &pid][..],
+        &["attach", "--pid", &pid, "--duration", "1s"][..],
+    ] {
+        let stderr = in_userns(args);
+        eprintln!("gostw {args:?}: {stderr}");
+        assert!(
+            stderr.contains("gostw runs in a user namespace (uid_map 0 0 1)"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("needs root"), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    let stderr = in_userns(&["run", "--", exe.path.to_str().unwrap()]);
+    eprintln!("gostw run: {stderr}");
+    assert!(
+        stderr.contains("the kernel refused bpf(): gostw runs in a user namespace"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("Operation not permitted"), "{stderr}");
+}
