@@ -4,7 +4,9 @@
 //! metadata reads would fault, the process's memory cgroup and the host's
 //! swap traffic, and advice from what was measured.
 //!
-//! Wiring: `Exposure::read(pid)` at any time (it only reads /proc);
+//! Wiring: `Exposure::read(pid)` at any time (it only reads /proc), or
+//! `Exposure::read_with(pid, &exe, &options)` with an `Executable` built once
+//! per binary (`Executable::from_binary(Arc<GoBinary>, pid)`);
 //! `HostSwap::snapshot()` at trace start and end, `HostSwap::delta(&a, &b)`;
 //! `advice(&exposure, &Evidence { host_swap, pauses, stack_growth,
 //! throttling })`; `MemoryReport` (serde) or `render_text`.
@@ -23,6 +25,7 @@ pub mod cgroup;
 pub mod classes;
 pub mod classify;
 pub mod dwarf;
+pub mod executable;
 pub mod layout;
 pub mod mheap;
 pub mod pagemap;
@@ -39,6 +42,7 @@ pub use self::{
     },
     cgroup::{CgroupMemory, CgroupVersion, Limit},
     classes::{ClassUsage, MemoryClass, Part, Source, Usage},
+    executable::Executable,
     read::ReadOptions,
     render::{render_advice, render_exposure, render_text},
     vmstat::{HostSwap, HostSwapDelta},
@@ -81,7 +85,7 @@ pub enum MemoryError {
         exe: String,
         summary: PlainSummary,
     },
-    #[error("process {pid}: {source}")]
+    #[error("{source}")]
     Binary { pid: u32, source: BinaryError },
     #[error("reading {what}: {source}")]
     Host {
@@ -199,12 +203,17 @@ pub struct Exposure {
 impl Exposure {
     /// Read the exposure of `pid` now, with everything gostw can use.
     pub fn read(pid: u32) -> Result<Exposure, MemoryError> {
-        read::read(pid, &ReadOptions::default())
+        read::read(pid, &Executable::of_process(pid)?, &ReadOptions::default())
     }
 
-    /// Read it with `options` (e.g. the mapping layout alone).
-    pub fn read_with(pid: u32, options: &ReadOptions) -> Result<Exposure, MemoryError> {
-        read::read(pid, options)
+    /// Read it for a process of `exe` (analysed once per executable), with
+    /// `options` (e.g. the mapping layout alone).
+    pub fn read_with(
+        pid: u32,
+        exe: &Executable,
+        options: &ReadOptions,
+    ) -> Result<Exposure, MemoryError> {
+        read::read(pid, exe, options)
     }
 
     /// The figures of one class.

@@ -32,8 +32,8 @@ use std::{
 
 use serde_json::Value;
 use tracer::memory::{
-    AdviceKind, Evidence, Exposure, HostSwap, MemoryClass, PauseEvidence, ReadOptions, advice,
-    mheap::ARENA_L2_ENTRIES, page_size, render, render_advice,
+    AdviceKind, Evidence, Executable, Exposure, HostSwap, MemoryClass, PauseEvidence, ReadOptions,
+    advice, mheap::ARENA_L2_ENTRIES, page_size, render, render_advice,
 };
 
 use crate::{
@@ -199,6 +199,9 @@ fn run(go: &GoToolchain, variant: &str, page_out: PageOut) -> Run {
     if variant.ends_with("stripped") {
         flags.push("-ldflags=-s -w");
     }
+    if variant == "-pie" {
+        flags.push("-buildmode=pie");
+    }
     let cgo = variant.starts_with("-cgo");
     if cgo {
         flags.push("-tags=gostwcgo");
@@ -250,6 +253,7 @@ fn run(go: &GoToolchain, variant: &str, page_out: PageOut) -> Run {
     let smaps_swap = smaps_swap(pid, None);
     let layout_only = Exposure::read_with(
         pid,
+        &Executable::of_process(pid).unwrap(),
         &ReadOptions {
             runtime_index: false,
         },
@@ -434,8 +438,8 @@ fn check_cgroup(r: &Run, expect: GroupSwap) {
     }
 }
 
-/// Every Go of the matrix, with DWARF (the runtime's index) and stripped
-/// (the mapping layout): after a page-out the swapped bytes equal the
+/// Every Go of the matrix, with DWARF (the runtime's index), stripped (the
+/// mapping layout) and PIE (the index and the bss at a load bias): after a page-out the swapped bytes equal the
 /// kernel's smaps total, GC metadata is in swap, classes agree with
 /// runtime/metrics, and the advice cites the numbers.
 #[test]
@@ -443,7 +447,7 @@ fn pageout_exposure_matches_smaps_and_runtime_metrics() {
     require_root();
     let _swap = SwapFile::create("memory", 1);
     for go in go_matrix() {
-        for variant in ["", "-stripped"] {
+        for variant in ["", "-stripped", "-pie"] {
             eprintln!("== Go {}{variant}", go.version);
             let r = run(&go, variant, PageOut::All);
             let e = &r.report["exposure"];
