@@ -439,9 +439,10 @@ fn check_cgroup(r: &Run, expect: GroupSwap) {
 }
 
 /// Every Go of the matrix, with DWARF (the runtime's index), stripped (the
-/// mapping layout) and PIE (the index and the bss at a load bias): after a page-out the swapped bytes equal the
-/// kernel's smaps total, GC metadata is in swap, classes agree with
-/// runtime/metrics, and the advice cites the numbers.
+/// mapping layout) and PIE (the index and the bss at a load bias): after a
+/// page-out the swapped bytes equal the kernel's smaps total, GC metadata is
+/// in swap, classes agree with runtime/metrics, and the advice cites the
+/// numbers.
 #[test]
 fn pageout_exposure_matches_smaps_and_runtime_metrics() {
     require_root();
