@@ -12,7 +12,8 @@
 //! throttling })`; `MemoryReport` (serde) or `render_text`.
 //!
 //! - `smaps`, `pagemap`: the kernel's per-mapping and per-page figures.
-//! - `dwarf`, `mheap`: the runtime's own heap index, read from the process.
+//! - `executable`, `dwarf`, `mheap`, `procmem`: the runtime's own heap
+//!   index, read from the process's resident memory (never from swap).
 //! - `layout`: what the mapping layout alone tells (stripped binaries);
 //!   `c_alloc`: C's allocations in cgo processes, by glibc's headers.
 //! - `classify`: mappings and ranges into classes.
