@@ -5,11 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{
-    MemoryError, PlainSummary, dwarf,
-    read::{io_error, no_memory},
-    smaps,
-};
+use super::{MemoryError, PlainSummary, dwarf, smaps};
 use crate::binary::{BinaryError, GoBinary, running};
 
 /// A Go executable, ready for `Exposure::read_with`.
@@ -25,9 +21,9 @@ impl Executable {
     /// gets `MemoryError::NotGo`, with what its smaps alone tells.
     pub fn of_process(pid: u32) -> Result<Executable, MemoryError> {
         // No executable: gone, a zombie or a kernel thread, which says which.
-        let exe = running::process_exe(pid).map_err(|_| no_memory(pid))?;
+        let exe = running::process_exe(pid).map_err(|_| MemoryError::no_memory(pid))?;
         let data = std::fs::read(format!("/proc/{pid}/exe"))
-            .map_err(|e| io_error(pid, "its executable", e))?;
+            .map_err(|e| MemoryError::from_io(pid, "its executable", e))?;
         // Before the binary takes the bytes; cheap where there is no DWARF.
         let heap_layouts = dwarf::heap_layouts(&data);
         match GoBinary::from_bytes(&exe.host_path, data) {
@@ -52,7 +48,7 @@ impl Executable {
     pub fn from_binary(binary: Arc<GoBinary>, pid: u32) -> Result<Executable, MemoryError> {
         let heap_layouts = if binary.has_dwarf {
             let data = std::fs::read(format!("/proc/{pid}/exe"))
-                .map_err(|e| io_error(pid, "its executable", e))?;
+                .map_err(|e| MemoryError::from_io(pid, "its executable", e))?;
             dwarf::heap_layouts(&data)
         } else {
             None

@@ -48,6 +48,8 @@ pub use self::{
     render::{render_advice, render_exposure, render_text},
     vmstat::{HostSwap, HostSwapDelta},
 };
+use std::io;
+
 use crate::binary::BinaryError;
 
 /// Why a process's memory could not be read; each says what to do.
@@ -93,6 +95,65 @@ pub enum MemoryError {
         what: String,
         source: std::io::Error,
     },
+}
+
+impl MemoryError {
+    /// The error for a failed read of `what` of process `pid`: gone,
+    /// not allowed, or the failure itself.
+    pub(crate) fn from_io(pid: u32, what: &str, e: io::Error) -> MemoryError {
+        let gone = e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                return MemoryError::Read {
+                    pid,
+                    what: what.to_owned(),
+                    source: e,
+                };
+            }
+            return MemoryError::Gone { pid };
+        }
+        if e.kind() == io::ErrorKind::PermissionDenied {
+            return MemoryError::Permission {
+                pid,
+                what: what.to_owned(),
+            };
+        }
+        MemoryError::Read {
+            pid,
+            what: what.to_owned(),
+            source: e,
+        }
+    }
+
+    /// Why a process has no memory to read: gone, a zombie (exited, not yet
+    /// reaped) or a kernel thread (never had any).
+    pub(crate) fn no_memory(pid: u32) -> MemoryError {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return MemoryError::NoProcess { pid };
+        }
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
+        match exe {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !is_zombie(pid) => {
+                MemoryError::Malformed {
+                    pid,
+                    what: "its memory".into(),
+                    reason: "a kernel thread has no user memory".into(),
+                }
+            }
+            _ => MemoryError::Gone { pid },
+        }
+    }
+}
+
+/// Whether `pid` has exited and waits to be reaped.
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
 }
 
 /// What smaps alone says of a process that is not Go.

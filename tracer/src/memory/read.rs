@@ -2,7 +2,7 @@
 //! runtime's heap index says (or what its layout says), then the classes,
 //! the cgroup and the host.
 
-use std::{io, ops::Range, os::unix::fs::MetadataExt as _};
+use std::{ops::Range, os::unix::fs::MetadataExt as _};
 
 use super::{
     ArenaSummary, Exposure, HostMemory, MemoryError, MetadataReads, c_alloc,
@@ -42,31 +42,6 @@ impl Default for ReadOptions {
 /// The symbol of the runtime's heap.
 const MHEAP_SYMBOL: &str = "runtime.mheap_";
 
-pub(super) fn io_error(pid: u32, what: &str, e: io::Error) -> MemoryError {
-    let gone = e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH);
-    if gone {
-        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            return MemoryError::Read {
-                pid,
-                what: what.to_owned(),
-                source: e,
-            };
-        }
-        return MemoryError::Gone { pid };
-    }
-    if e.kind() == io::ErrorKind::PermissionDenied {
-        return MemoryError::Permission {
-            pid,
-            what: what.to_owned(),
-        };
-    }
-    MemoryError::Read {
-        pid,
-        what: what.to_owned(),
-        source: e,
-    }
-}
-
 pub(super) fn read(
     pid: u32,
     exe: &Executable,
@@ -78,14 +53,14 @@ pub(super) fn read(
     let at_ns = monotonic_ns();
     let page = page_size();
     let what = format!("/proc/{pid}/smaps");
-    let text = std::fs::read_to_string(&what).map_err(|e| io_error(pid, &what, e))?;
+    let text = std::fs::read_to_string(&what).map_err(|e| MemoryError::from_io(pid, &what, e))?;
     let mappings = smaps::parse(&text).map_err(|e| MemoryError::Malformed {
         pid,
         what: what.clone(),
         reason: e.to_string(),
     })?;
     if mappings.is_empty() {
-        return Err(no_memory(pid));
+        return Err(MemoryError::no_memory(pid));
     }
     let bin = &*exe.binary;
     let mut notes = Vec::new();
@@ -163,9 +138,9 @@ pub(super) fn read(
             }
         ));
     }
-    let pagemap = Pagemap::open(pid, page).map_err(|e| io_error(pid, "pagemap", e))?;
+    let pagemap = Pagemap::open(pid, page).map_err(|e| MemoryError::from_io(pid, "pagemap", e))?;
     let classes = classify::classify(&mappings, &ctx, &pagemap, page)
-        .map_err(|e| io_error(pid, "pagemap", e))?;
+        .map_err(|e| MemoryError::from_io(pid, "pagemap", e))?;
     let mut total = Usage::default();
     for c in &classes {
         total.add(&c.usage);
@@ -203,36 +178,6 @@ pub(super) fn read(
         host,
         notes,
     })
-}
-
-/// Why a process has no memory to read: gone, a zombie (exited, not yet
-/// reaped) or a kernel thread (never had any).
-pub(super) fn no_memory(pid: u32) -> MemoryError {
-    if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-        return MemoryError::NoProcess { pid };
-    }
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
-    match exe {
-        Err(e) if e.kind() == io::ErrorKind::NotFound && !is_zombie(pid) => {
-            MemoryError::Malformed {
-                pid,
-                what: "its memory".into(),
-                reason: "a kernel thread has no user memory".into(),
-            }
-        }
-        _ => MemoryError::Gone { pid },
-    }
-}
-
-/// Whether `pid` has exited and waits to be reaped.
-fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, r)| r.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(true)
 }
 
 /// The runtime's heap index, where symbols, DWARF and the process allow.

@@ -60,6 +60,16 @@ fn gostw(args: &[&str]) -> Output {
         .expect("running gostw")
 }
 
+/// `gostw memory --pid PID --interval 0`, with `--json` if asked.
+fn gostw_memory(pid: u32, json: bool) -> Output {
+    let pid = pid.to_string();
+    let mut args = vec!["memory", "--pid", &pid, "--interval", "0"];
+    if json {
+        args.push("--json");
+    }
+    gostw(&args)
+}
+
 fn signal(pid: u32, sig: libc::c_int) {
     // SAFETY: kill(2) of a process this test started.
     assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
@@ -162,14 +172,7 @@ enum PageOut {
 
 /// The heap arena ranges `gostw memory` reports for a running `pid`.
 fn arena_ranges(pid: u32) -> Vec<(u64, u64)> {
-    let out = gostw(&[
-        "memory",
-        "--pid",
-        &pid.to_string(),
-        "--json",
-        "--interval",
-        "0",
-    ]);
+    let out = gostw_memory(pid, true);
     assert!(
         out.status.success(),
         "{}",
@@ -241,14 +244,7 @@ fn run(go: &GoToolchain, variant: &str, page_out: PageOut) -> Run {
     let line = workload.ask("metrics", "METRICS ");
     let metrics: Value = serde_json::from_str(line.strip_prefix("METRICS ").unwrap()).unwrap();
     freeze(pid);
-    let out = gostw(&[
-        "memory",
-        "--pid",
-        &pid.to_string(),
-        "--json",
-        "--interval",
-        "0",
-    ]);
+    let out = gostw_memory(pid, true);
     let smaps_swap_in_arenas = arenas.as_deref().map(|a| smaps_swap(pid, Some(a)));
     let smaps_swap = smaps_swap(pid, None);
     let layout_only = Exposure::read_with(
@@ -259,7 +255,7 @@ fn run(go: &GoToolchain, variant: &str, page_out: PageOut) -> Run {
         },
     )
     .unwrap();
-    let text = gostw(&["memory", "--pid", &pid.to_string(), "--interval", "0"]);
+    let text = gostw_memory(pid, false);
     signal(pid, libc::SIGCONT);
     assert!(
         out.status.success(),
