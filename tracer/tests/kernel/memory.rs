@@ -39,7 +39,9 @@ use tracer::memory::{
 use crate::{
     faults::start_gostw,
     scenario::{GcSwap, MemCgroup, SwapFile, page_out_ranges, swap_out},
-    support::{GoToolchain, build_workload_env, go_matrix, newest_go, require_root},
+    support::{
+        GoToolchain, build_workload_env, go_matrix, newest_go, oldest_and_newest_go, require_root,
+    },
 };
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
@@ -522,19 +524,7 @@ fn without_pageout_nothing_is_swapped_and_no_advice() {
 #[test]
 fn c_memory_of_a_cgo_program_is_not_counted_as_go() {
     require_root();
-    let matrix = go_matrix();
-    let oldest = matrix
-        .iter()
-        .min_by_key(|g| g.major_minor())
-        .unwrap()
-        .clone();
-    let newest = newest_go();
-    let versions = if oldest.version == newest.version {
-        vec![newest]
-    } else {
-        vec![oldest, newest]
-    };
-    for go in versions {
+    for go in oldest_and_newest_go() {
         for variant in ["-cgo", "-cgo-stripped"] {
             eprintln!("== Go {}{variant}", go.version);
             let r = run(&go, variant, PageOut::Nothing);
