@@ -14,7 +14,7 @@ use super::{
     classes::{ClassUsage, MemoryClass, Part, Source, Usage},
     layout,
     mheap::MetadataPart,
-    pagemap::PageCounts,
+    pagemap::PageSource,
     smaps::{Backing, Mapping},
 };
 
@@ -197,12 +197,6 @@ fn pieces(m: &Mapping, own: &Label, overlays: &[Overlay]) -> Vec<(Range<u64>, La
         }
     }
     out
-}
-
-/// Counts pages of a range of one process (pagemap in production).
-pub trait PageSource {
-    /// Present and swapped pages of each range, in order.
-    fn counts(&self, ranges: &[Range<u64>]) -> io::Result<Vec<PageCounts>>;
 }
 
 /// The classes of a process's memory.

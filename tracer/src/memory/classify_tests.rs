@@ -7,7 +7,7 @@
 )]
 
 use super::*;
-use crate::memory::smaps;
+use crate::memory::{pagemap::PageCounts, smaps};
 
 const PAGE: u64 = 4096;
 

@@ -33,6 +33,9 @@ pub type Layouts = HashMap<&'static str, StructLayout>;
 pub fn heap_layouts(data: &[u8]) -> Option<Layouts> {
     let file = object::File::parse(data).ok()?;
     file.section_by_name(".debug_info")?;
+    // Only Go binaries have the runtime: skip the DWARF of anything else.
+    file.section_by_name(".gopclntab")
+        .or_else(|| file.section_by_name(".data.rel.ro.gopclntab"))?;
     let sections = DwarfSections::load(|id| -> Result<Cow<'_, [u8]>, gimli::Error> {
         Ok(section(&file, id.name()).unwrap_or(Cow::Borrowed(&[][..])))
     })

@@ -28,15 +28,14 @@ use crate::binary::Segment;
 /// (`pthread_attr_setguardsize`; the default is one page).
 const MAX_THREAD_GUARD: u64 = 64 << 10;
 
-/// Whether a C runtime is mapped (glibc or musl: cgo or a C host program).
+/// Whether a C library is mapped (glibc or musl: cgo, or a C host
+/// program). The dynamic loader alone (a PIE Go binary) does not count: it
+/// makes only a few small allocations of its own.
 pub fn has_c_runtime(mappings: &[Mapping]) -> bool {
     mappings.iter().any(|m| match &m.backing {
         Backing::File(p) => {
             let file = p.rsplit('/').next().unwrap_or(p);
-            file.starts_with("libc.so")
-                || file.starts_with("libc-")
-                || file.starts_with("ld-linux")
-                || file.starts_with("ld-musl")
+            file.starts_with("libc.so") || file.starts_with("libc-") || file.starts_with("ld-musl")
         }
         _ => false,
     })
@@ -234,6 +233,8 @@ c006c00000-c008000000 ---p 00000000 00:00 0
         let cgo =
             "7f0000000000-7f0000100000 r-xp 00000000 fe:00 5 /usr/lib/x86_64-linux-gnu/libc.so.6\n";
         assert!(has_c_runtime(&maps(cgo)));
+        let pie = "7f0000000000-7f0000100000 r-xp 00000000 fe:00 6 /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2\n";
+        assert!(!has_c_runtime(&maps(pie)));
         assert!(!has_c_runtime(&maps(GO126)));
         let named = "7f0000000000-7f0000100000 rw-p 00000000 00:00 0 [anon: Go: heap]\n";
         assert!(has_go_names(&maps(named)));

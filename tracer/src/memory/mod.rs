@@ -4,13 +4,16 @@
 //! metadata reads would fault, the process's memory cgroup and the host's
 //! swap traffic, and advice from what was measured.
 //!
-//! Wiring: `Exposure::read(pid)` at any time (it only reads /proc);
+//! Wiring: `Exposure::read(pid)` at any time (it only reads /proc), or
+//! `Exposure::read_with(pid, &exe, &options)` with an `Executable` built once
+//! per binary (`Executable::from_binary(Arc<GoBinary>, pid)`);
 //! `HostSwap::snapshot()` at trace start and end, `HostSwap::delta(&a, &b)`;
 //! `advice(&exposure, &Evidence { host_swap, pauses, stack_growth,
 //! throttling })`; `MemoryReport` (serde) or `render_text`.
 //!
 //! - `smaps`, `pagemap`: the kernel's per-mapping and per-page figures.
-//! - `dwarf`, `mheap`: the runtime's own heap index, read from the process.
+//! - `executable`, `dwarf`, `mheap`, `procmem`: the runtime's own heap
+//!   index, read from the process's resident memory (never from swap).
 //! - `layout`: what the mapping layout alone tells (stripped binaries);
 //!   `c_alloc`: C's allocations in cgo processes, by glibc's headers.
 //! - `classify`: mappings and ranges into classes.
@@ -23,6 +26,7 @@ pub mod cgroup;
 pub mod classes;
 pub mod classify;
 pub mod dwarf;
+pub mod executable;
 pub mod layout;
 pub mod mheap;
 pub mod pagemap;
@@ -39,10 +43,13 @@ pub use self::{
     },
     cgroup::{CgroupMemory, CgroupVersion, Limit},
     classes::{ClassUsage, MemoryClass, Part, Source, Usage},
+    executable::Executable,
     read::ReadOptions,
     render::{render_advice, render_exposure, render_text},
     vmstat::{HostSwap, HostSwapDelta},
 };
+use std::io;
+
 use crate::binary::BinaryError;
 
 /// Why a process's memory could not be read; each says what to do.
@@ -81,13 +88,72 @@ pub enum MemoryError {
         exe: String,
         summary: PlainSummary,
     },
-    #[error("process {pid}: {source}")]
+    #[error("{source}")]
     Binary { pid: u32, source: BinaryError },
     #[error("reading {what}: {source}")]
     Host {
         what: String,
         source: std::io::Error,
     },
+}
+
+impl MemoryError {
+    /// The error for a failed read of `what` of process `pid`: gone,
+    /// not allowed, or the failure itself.
+    pub(crate) fn from_io(pid: u32, what: &str, e: io::Error) -> MemoryError {
+        let gone = e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                return MemoryError::Read {
+                    pid,
+                    what: what.to_owned(),
+                    source: e,
+                };
+            }
+            return MemoryError::Gone { pid };
+        }
+        if e.kind() == io::ErrorKind::PermissionDenied {
+            return MemoryError::Permission {
+                pid,
+                what: what.to_owned(),
+            };
+        }
+        MemoryError::Read {
+            pid,
+            what: what.to_owned(),
+            source: e,
+        }
+    }
+
+    /// Why a process has no memory to read: gone, a zombie (exited, not yet
+    /// reaped) or a kernel thread (never had any).
+    pub(crate) fn no_memory(pid: u32) -> MemoryError {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return MemoryError::NoProcess { pid };
+        }
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
+        match exe {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !is_zombie(pid) => {
+                MemoryError::Malformed {
+                    pid,
+                    what: "its memory".into(),
+                    reason: "a kernel thread has no user memory".into(),
+                }
+            }
+            _ => MemoryError::Gone { pid },
+        }
+    }
+}
+
+/// Whether `pid` has exited and waits to be reaped.
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
 }
 
 /// What smaps alone says of a process that is not Go.
@@ -199,12 +265,17 @@ pub struct Exposure {
 impl Exposure {
     /// Read the exposure of `pid` now, with everything gostw can use.
     pub fn read(pid: u32) -> Result<Exposure, MemoryError> {
-        read::read(pid, &ReadOptions::default())
+        read::read(pid, &Executable::of_process(pid)?, &ReadOptions::default())
     }
 
-    /// Read it with `options` (e.g. the mapping layout alone).
-    pub fn read_with(pid: u32, options: &ReadOptions) -> Result<Exposure, MemoryError> {
-        read::read(pid, options)
+    /// Read it for a process of `exe` (analysed once per executable), with
+    /// `options` (e.g. the mapping layout alone).
+    pub fn read_with(
+        pid: u32,
+        exe: &Executable,
+        options: &ReadOptions,
+    ) -> Result<Exposure, MemoryError> {
+        read::read(pid, exe, options)
     }
 
     /// The figures of one class.

@@ -6,8 +6,6 @@
 
 use std::{fs::File, io, ops::Range, os::unix::fs::FileExt as _};
 
-use super::classify::PageSource;
-
 /// Page is in memory.
 const PRESENT: u64 = 1 << 63;
 /// Page is in swap.
@@ -40,6 +38,13 @@ impl PageCounts {
         }
         c
     }
+}
+
+/// Counts pages of ranges of one process (pagemap in production, a fake
+/// in tests).
+pub trait PageSource {
+    /// Present and swapped pages of each range, in order.
+    fn counts(&self, ranges: &[Range<u64>]) -> io::Result<Vec<PageCounts>>;
 }
 
 /// An open `/proc/PID/pagemap`.

@@ -2,22 +2,24 @@
 //! runtime's heap index says (or what its layout says), then the classes,
 //! the cgroup and the host.
 
-use std::{io, ops::Range, os::unix::fs::MetadataExt as _};
+use std::{ops::Range, os::unix::fs::MetadataExt as _};
 
 use super::{
-    ArenaSummary, Exposure, HostMemory, MemoryError, MetadataReads, PlainSummary, c_alloc,
+    ArenaSummary, Exposure, HostMemory, MemoryError, MetadataReads, c_alloc,
     classes::{MemoryClass, Source, Usage},
     classify::{self, Context},
-    dwarf, layout,
+    dwarf,
+    executable::Executable,
+    layout,
     mheap::{self, HEAP_ARENA_BYTES, RuntimeHeap},
     page_size,
     pagemap::Pagemap,
     procmem::ProcessMemory,
-    smaps::{self, Backing, Mapping},
+    smaps::{self, Mapping},
     vmstat::monotonic_ns,
 };
 use crate::{
-    binary::{BinaryError, GoBinary, running},
+    binary::{GoBinary, running},
     memory::cgroup::CgroupMemory,
 };
 
@@ -40,59 +42,27 @@ impl Default for ReadOptions {
 /// The symbol of the runtime's heap.
 const MHEAP_SYMBOL: &str = "runtime.mheap_";
 
-fn io_error(pid: u32, what: &str, e: io::Error) -> MemoryError {
-    let gone = e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH);
-    if gone {
-        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            return MemoryError::Read {
-                pid,
-                what: what.to_owned(),
-                source: e,
-            };
-        }
-        return MemoryError::Gone { pid };
-    }
-    if e.kind() == io::ErrorKind::PermissionDenied {
-        return MemoryError::Permission {
-            pid,
-            what: what.to_owned(),
-        };
-    }
-    MemoryError::Read {
-        pid,
-        what: what.to_owned(),
-        source: e,
-    }
-}
-
-pub(super) fn read(pid: u32, options: &ReadOptions) -> Result<Exposure, MemoryError> {
+pub(super) fn read(
+    pid: u32,
+    exe: &Executable,
+    options: &ReadOptions,
+) -> Result<Exposure, MemoryError> {
     if pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
         return Err(MemoryError::NoProcess { pid });
     }
     let at_ns = monotonic_ns();
     let page = page_size();
     let what = format!("/proc/{pid}/smaps");
-    let text = std::fs::read_to_string(&what).map_err(|e| io_error(pid, &what, e))?;
+    let text = std::fs::read_to_string(&what).map_err(|e| MemoryError::from_io(pid, &what, e))?;
     let mappings = smaps::parse(&text).map_err(|e| MemoryError::Malformed {
         pid,
         what: what.clone(),
         reason: e.to_string(),
     })?;
     if mappings.is_empty() {
-        // A zombie has no mappings left (a kernel thread never had any).
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
-        return Err(match exe {
-            Err(e) if e.kind() == io::ErrorKind::NotFound && !is_zombie(pid) => {
-                MemoryError::Malformed {
-                    pid,
-                    what: "its memory".into(),
-                    reason: "a kernel thread has no user memory".into(),
-                }
-            }
-            _ => MemoryError::Gone { pid },
-        });
+        return Err(MemoryError::no_memory(pid));
     }
-    let (bin, exe_bytes) = open_go(pid, &mappings)?;
+    let bin = &*exe.binary;
     let mut notes = Vec::new();
     let exe_inode = std::fs::metadata(format!("/proc/{pid}/exe"))
         .ok()
@@ -120,8 +90,8 @@ pub(super) fn read(pid: u32, options: &ReadOptions) -> Result<Exposure, MemoryEr
     let mem = ProcessMemory::open(pid, page).ok();
     let runtime = if options.runtime_index {
         runtime_heap(
-            &bin,
-            exe_bytes.as_deref(),
+            bin,
+            exe.heap_layouts.as_ref(),
             bias,
             mem.as_ref(),
             page,
@@ -174,9 +144,9 @@ pub(super) fn read(pid: u32, options: &ReadOptions) -> Result<Exposure, MemoryEr
             }
         ));
     }
-    let pagemap = Pagemap::open(pid, page).map_err(|e| io_error(pid, "pagemap", e))?;
+    let pagemap = Pagemap::open(pid, page).map_err(|e| MemoryError::from_io(pid, "pagemap", e))?;
     let classes = classify::classify(&mappings, &ctx, &pagemap, page)
-        .map_err(|e| io_error(pid, "pagemap", e))?;
+        .map_err(|e| MemoryError::from_io(pid, "pagemap", e))?;
     let mut total = Usage::default();
     for c in &classes {
         total.add(&c.usage);
@@ -216,86 +186,38 @@ pub(super) fn read(pid: u32, options: &ReadOptions) -> Result<Exposure, MemoryEr
     })
 }
 
-/// Whether `pid` has exited and waits to be reaped.
-fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, r)| r.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(true)
-}
-
-/// The process's Go executable, and its bytes when its DWARF may be read.
-fn open_go(pid: u32, mappings: &[Mapping]) -> Result<(GoBinary, Option<Vec<u8>>), MemoryError> {
-    let exe = running::process_exe(pid).map_err(|source| MemoryError::Binary { pid, source })?;
-    let path = format!("/proc/{pid}/exe");
-    let data = std::fs::read(&path).map_err(|e| io_error(pid, "its executable", e))?;
-    let keep = data.clone();
-    match GoBinary::from_bytes(&exe.host_path, data) {
-        Ok(bin) => {
-            let wanted = bin.has_dwarf && bin.symbol(MHEAP_SYMBOL).is_some();
-            Ok((bin, wanted.then_some(keep)))
-        }
-        Err(BinaryError::NotGo { .. } | BinaryError::NotElf { .. }) => Err(MemoryError::NotGo {
-            pid,
-            exe: exe.exe.display().to_string(),
-            summary: plain_summary(mappings),
-        }),
-        Err(source) => Err(MemoryError::Binary { pid, source }),
-    }
-}
-
-fn plain_summary(mappings: &[Mapping]) -> PlainSummary {
-    let mut s = PlainSummary::default();
-    for m in mappings {
-        s.resident += m.rss;
-        s.swapped += m.swap;
-        if matches!(m.backing, Backing::File(_)) {
-            s.file_resident += m.rss;
-        } else {
-            s.anon_resident += m.rss;
-            s.anon_swapped += m.swap;
-        }
-    }
-    s
-}
-
 /// The runtime's heap index, where symbols, DWARF and the process allow.
 fn runtime_heap(
     bin: &GoBinary,
-    exe: Option<&[u8]>,
+    layouts: Option<&dwarf::Layouts>,
     bias: u64,
     mem: Option<&ProcessMemory>,
     page: u64,
     notes: &mut Vec<String>,
 ) -> Option<RuntimeHeap> {
-    let Some(exe) = exe else {
-        notes.push(if !bin.has_symtab {
-            "no symbol table (stripped): the heap is found from the mapping layout".into()
-        } else if !bin.has_dwarf {
-            "no DWARF (-w): the runtime's heap index cannot be decoded, the heap is found from the mapping layout".into()
-        } else {
-            format!("no {MHEAP_SYMBOL} symbol: the heap is found from the mapping layout")
-        });
-        return None;
+    let unusable = if !bin.has_symtab {
+        Some("no symbol table (stripped)".to_owned())
+    } else if bin.symbol(MHEAP_SYMBOL).is_none() {
+        Some(format!("no {MHEAP_SYMBOL} symbol"))
+    } else if !bin.has_dwarf {
+        Some("no DWARF (-w): the runtime's heap index cannot be decoded".to_owned())
+    } else if layouts.is_none() {
+        Some("the binary's DWARF has no runtime.mheap".to_owned())
+    } else if mem.is_none() {
+        Some("/proc/PID/mem cannot be read".to_owned())
+    } else {
+        None
     };
-    let Some(mem) = mem else {
-        notes
-            .push("/proc/PID/mem cannot be read: the heap is found from the mapping layout".into());
+    if let Some(why) = unusable {
+        notes.push(format!("{why}: the heap is found from the mapping layout"));
         return None;
-    };
-    let Some(layouts) = dwarf::heap_layouts(exe) else {
-        notes.push(
-            "the binary's DWARF could not be read: the heap is found from the mapping layout"
-                .into(),
-        );
+    }
+    let (Some(layouts), Some(mem)) = (layouts, mem) else {
         return None;
     };
     let addr = bin.symbol(MHEAP_SYMBOL)?.wrapping_add(bias);
     let amd64 = bin.arch == crate::binary::Arch::Amd64;
-    match mheap::read(mem, addr, &layouts, amd64, page) {
+    match mheap::read(mem, addr, layouts, amd64, page) {
         Ok(heap) => Some(heap),
         Err(why) => {
             notes.push(format!(

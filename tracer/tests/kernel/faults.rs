@@ -20,7 +20,7 @@ use tracer_common::counters::Counter;
 
 use crate::{
     scenario::{GcSwap, MemCgroup, SwapFile, swap_out},
-    support::{GoToolchain, build_workload, go_matrix, newest_go, require_root},
+    support::{GoToolchain, build_workload, newest_go, oldest_and_newest_go, require_root},
 };
 
 /// What gcswap says of itself at exit.
@@ -239,17 +239,7 @@ pub const GC_FRAMES: &[&str] = &[
 fn pageout_pauses_fault_on_gc_metadata() {
     require_root();
     let _swap = SwapFile::create("faults-pageout", 1);
-    let oldest = go_matrix()
-        .into_iter()
-        .min_by_key(GoToolchain::major_minor)
-        .unwrap();
-    let newest = newest_go();
-    let versions = if oldest.version == newest.version {
-        vec![newest]
-    } else {
-        vec![oldest, newest]
-    };
-    for go in versions {
+    for go in oldest_and_newest_go() {
         eprintln!("== Go {}", go.version);
         check_pageout(&go);
     }

@@ -32,14 +32,16 @@ use std::{
 
 use serde_json::Value;
 use tracer::memory::{
-    AdviceKind, Evidence, Exposure, HostSwap, MemoryClass, PauseEvidence, ReadOptions, advice,
-    mheap::ARENA_L2_ENTRIES, page_size, render, render_advice,
+    AdviceKind, Evidence, Executable, Exposure, HostSwap, MemoryClass, PauseEvidence, ReadOptions,
+    advice, mheap::ARENA_L2_ENTRIES, page_size, render, render_advice,
 };
 
 use crate::{
     faults::start_gostw,
     scenario::{GcSwap, MemCgroup, SwapFile, page_out_ranges, swap_out},
-    support::{GoToolchain, build_workload_env, go_matrix, newest_go, require_root},
+    support::{
+        GoToolchain, build_workload_env, go_matrix, newest_go, oldest_and_newest_go, require_root,
+    },
 };
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
@@ -58,6 +60,16 @@ fn gostw(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("running gostw")
+}
+
+/// `gostw memory --pid PID --interval 0`, with `--json` if asked.
+fn gostw_memory(pid: u32, json: bool) -> Output {
+    let pid = pid.to_string();
+    let mut args = vec!["memory", "--pid", &pid, "--interval", "0"];
+    if json {
+        args.push("--json");
+    }
+    gostw(&args)
 }
 
 fn signal(pid: u32, sig: libc::c_int) {
@@ -162,14 +174,7 @@ enum PageOut {
 
 /// The heap arena ranges `gostw memory` reports for a running `pid`.
 fn arena_ranges(pid: u32) -> Vec<(u64, u64)> {
-    let out = gostw(&[
-        "memory",
-        "--pid",
-        &pid.to_string(),
-        "--json",
-        "--interval",
-        "0",
-    ]);
+    let out = gostw_memory(pid, true);
     assert!(
         out.status.success(),
         "{}",
@@ -198,6 +203,9 @@ fn run(go: &GoToolchain, variant: &str, page_out: PageOut) -> Run {
     let mut env = Vec::new();
     if variant.ends_with("stripped") {
         flags.push("-ldflags=-s -w");
+    }
+    if variant == "-pie" {
+        flags.push("-buildmode=pie");
     }
     let cgo = variant.starts_with("-cgo");
     if cgo {
@@ -238,24 +246,18 @@ fn run(go: &GoToolchain, variant: &str, page_out: PageOut) -> Run {
     let line = workload.ask("metrics", "METRICS ");
     let metrics: Value = serde_json::from_str(line.strip_prefix("METRICS ").unwrap()).unwrap();
     freeze(pid);
-    let out = gostw(&[
-        "memory",
-        "--pid",
-        &pid.to_string(),
-        "--json",
-        "--interval",
-        "0",
-    ]);
+    let out = gostw_memory(pid, true);
     let smaps_swap_in_arenas = arenas.as_deref().map(|a| smaps_swap(pid, Some(a)));
     let smaps_swap = smaps_swap(pid, None);
     let layout_only = Exposure::read_with(
         pid,
+        &Executable::of_process(pid).unwrap(),
         &ReadOptions {
             runtime_index: false,
         },
     )
     .unwrap();
-    let text = gostw(&["memory", "--pid", &pid.to_string(), "--interval", "0"]);
+    let text = gostw_memory(pid, false);
     signal(pid, libc::SIGCONT);
     assert!(
         out.status.success(),
@@ -434,16 +436,17 @@ fn check_cgroup(r: &Run, expect: GroupSwap) {
     }
 }
 
-/// Every Go of the matrix, with DWARF (the runtime's index) and stripped
-/// (the mapping layout): after a page-out the swapped bytes equal the
-/// kernel's smaps total, GC metadata is in swap, classes agree with
-/// runtime/metrics, and the advice cites the numbers.
+/// Every Go of the matrix, with DWARF (the runtime's index), stripped (the
+/// mapping layout) and PIE (the index and the bss at a load bias): after a
+/// page-out the swapped bytes equal the kernel's smaps total, GC metadata is
+/// in swap, classes agree with runtime/metrics, and the advice cites the
+/// numbers.
 #[test]
 fn pageout_exposure_matches_smaps_and_runtime_metrics() {
     require_root();
     let _swap = SwapFile::create("memory", 1);
     for go in go_matrix() {
-        for variant in ["", "-stripped"] {
+        for variant in ["", "-stripped", "-pie"] {
             eprintln!("== Go {}{variant}", go.version);
             let r = run(&go, variant, PageOut::All);
             let e = &r.report["exposure"];
@@ -521,13 +524,7 @@ fn without_pageout_nothing_is_swapped_and_no_advice() {
 #[test]
 fn c_memory_of_a_cgo_program_is_not_counted_as_go() {
     require_root();
-    let matrix = go_matrix();
-    let oldest = matrix
-        .iter()
-        .min_by_key(|g| g.major_minor())
-        .unwrap()
-        .clone();
-    for go in [oldest, newest_go()] {
+    for go in oldest_and_newest_go() {
         for variant in ["-cgo", "-cgo-stripped"] {
             eprintln!("== Go {}{variant}", go.version);
             let r = run(&go, variant, PageOut::Nothing);

@@ -87,6 +87,21 @@ pub fn vm_kernel() -> Option<String> {
     std::env::var("GOSTW_VM").ok()
 }
 
+/// The oldest and the newest toolchain of the matrix (one if they are the
+/// same), for tests of code that moved between them.
+pub fn oldest_and_newest_go() -> Vec<GoToolchain> {
+    let oldest = go_matrix()
+        .into_iter()
+        .min_by_key(GoToolchain::major_minor)
+        .expect("the Go matrix is empty");
+    let newest = newest_go();
+    if oldest.version == newest.version {
+        vec![newest]
+    } else {
+        vec![oldest, newest]
+    }
+}
+
 /// The newest toolchain of the matrix, for single-version tests.
 pub fn newest_go() -> GoToolchain {
     go_matrix()
