@@ -31,6 +31,9 @@ pub mod program_names {
     pub const STW_STOP: &str = "stw_stop";
     /// Each RET of `runtime.startTheWorldWithSema`.
     pub const STW_START_RET: &str = "stw_start_ret";
+    /// Each RET of `runtime.stopTheWorldWithSema` (Go 1.23+: the stopping
+    /// phase; inside the pause, so only when asked for).
+    pub const STW_STOPPED: &str = "stw_stopped";
     /// `runtime.copystack` entry (exact stack growth).
     pub const STACK_COPY: &str = "stack_copy";
     /// The CPU-clock sampler (sampled stack growth).

@@ -10,6 +10,7 @@ mod fault_tracepoint;
 mod maps;
 mod pause;
 mod stack;
+mod stopping;
 
 #[cfg(not(test))]
 #[panic_handler]

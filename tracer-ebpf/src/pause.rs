@@ -16,7 +16,7 @@ use aya_ebpf::{
 use tracer_common::{
     counters::Counter,
     event::{EventHeader, EventKind},
-    pause::{PauseEvent, PauseWindow, REASON_FROM_TEXT, REASON_TEXT_LEN},
+    pause::{GoStopping, PauseEvent, PauseWindow, REASON_FROM_TEXT, REASON_TEXT_LEN},
     process::{GoOffsets, Probe, TracedProcess},
 };
 
@@ -46,6 +46,7 @@ pub fn stw_stop(ctx: ProbeContext) -> u32 {
         flags: 0,
         reason_text_len: 0,
         reason_text: [0; REASON_TEXT_LEN],
+        stopping: GoStopping::default(),
     };
     // SAFETY: uprobe context, pt_regs readable.
     let regs = unsafe { &*ctx.regs };
@@ -156,6 +157,7 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
         flags,
         reason_text_len: window.reason_text_len,
         reason_text: window.reason_text,
+        stopping: window.stopping,
     });
     entry.submit(0);
     0

@@ -33,7 +33,7 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     let core = CoreOptions {
         faults: Some(args.fault_source),
-        stacks: None,
+        ..CoreOptions::default()
     };
     let target = target_of(args.pid, &args.command)?;
     let output = Output::new(writer(None)?, args.json, u64::MAX);

@@ -258,6 +258,7 @@ pub mod tests_support {
             duration_source: DurationSource::Go,
             go_duration_ns: Some(dur),
             window_ns: dur,
+            stopping_ns: None,
             faults: None,
         }
     }

@@ -203,6 +203,7 @@ pub mod tests {
             flags: PauseEvent::FLAG_GO_START,
             reason_text_len: 0,
             reason_text: [0; REASON_TEXT_LEN],
+            stopping: Default::default(),
         })
     }
 

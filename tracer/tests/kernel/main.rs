@@ -11,5 +11,6 @@ mod binary_analysis;
 mod faults;
 mod pauses;
 mod stack_growth;
+mod stopping;
 mod stw_probe;
 mod vm_env;

@@ -37,6 +37,7 @@ fn run_stacks(
     let mut engine = engine(CoreOptions {
         faults: None,
         stacks: Some(opts),
+        stopping: false,
     });
     let mut sink = ReportSink::new(
         View::Stacks,

@@ -12,8 +12,12 @@ pub fn pause_line(p: &PauseRecord) -> String {
         Some(t) if p.reason == "unknown" => format!("{:?}", t),
         _ => p.stw_reason().name().to_owned(),
     };
+    let stopping = p
+        .stopping_ns
+        .map(|s| format!(", stopping {}", fmt_ns(s)))
+        .unwrap_or_default();
     let line = format!(
-        "{}  pid {:<7} STW {:<28} {:>10}  (window {}, stopped by tid {})",
+        "{}  pid {:<7} STW {:<28} {:>10}  (window {}{stopping}, stopped by tid {})",
         fmt_time_of_day(p.start_unix_ns),
         p.pid,
         reason,
