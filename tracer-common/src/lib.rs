@@ -6,6 +6,7 @@
 
 pub mod counters;
 pub mod event;
+pub mod explain;
 pub mod fault;
 pub mod pause;
 pub mod process;
@@ -22,6 +23,7 @@ pub mod map_names {
     pub const FAULT_STACKS: &str = "FAULT_STACKS";
     pub const STACK_SITES: &str = "STACK_SITES";
     pub const STACK_CONFIG: &str = "STACK_CONFIG";
+    pub const PAUSE_DETAILS: &str = "PAUSE_DETAILS";
 }
 
 /// Names of the programs of the pause and stack-growth families (the fault

@@ -4,6 +4,7 @@
 #![no_std]
 #![no_main]
 
+mod explain;
 mod fault;
 mod fault_kprobe;
 mod fault_tracepoint;

@@ -20,7 +20,10 @@ use tracer_common::{
     process::{GoOffsets, Probe, TracedProcess},
 };
 
-use crate::maps::{EVENTS, count, hit, traced};
+use crate::{
+    explain,
+    maps::{EVENTS, count, hit, traced},
+};
 
 /// The open pause window of each traced process, by tgid. A process stops
 /// the world at most once at a time (`worldsema`), so one slot per tgid.
@@ -66,6 +69,13 @@ pub fn stw_stop(ctx: ProbeContext) -> u32 {
     if PAUSE_WINDOWS.insert(tgid, window, 0).is_err() {
         count(Counter::MapFull);
     }
+    explain::opened(
+        tgid,
+        window.stop_tid,
+        window.stop_ts_ns,
+        regs.r14,
+        &process.offsets,
+    );
     0
 }
 
@@ -135,6 +145,7 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
             }
         }
     }
+    explain::send(tgid, ctx.pid());
     let Some(mut entry) = EVENTS.reserve::<PauseEvent>(0) else {
         count(Counter::RingbufFull);
         return 0;

@@ -44,26 +44,42 @@ func main() {
 		for i := 0; i < *gcs; i++ {
 			runtime.GC()
 		}
-		var ms runtime.MemStats
-		for i := 0; i < *readMemStats; i++ {
-			runtime.ReadMemStats(&ms)
-		}
-		procs := runtime.GOMAXPROCS(0)
-		for i := 0; i < *gomaxprocs; i++ {
-			// Alternate so each call really changes the value (an unchanged
-			// value returns without stopping the world).
-			if i%2 == 0 {
-				runtime.GOMAXPROCS(procs + 1)
-			} else {
-				runtime.GOMAXPROCS(procs)
-			}
-		}
-		runtime.GOMAXPROCS(procs)
+		readStats(*readMemStats)
+		resizeProcs(*gomaxprocs)
 	}
 	runtime.KeepAlive(live)
 	elapsed = time.Since(start)
 	report()
 	os.Exit(*exitCode)
+}
+
+// readStats calls runtime.ReadMemStats n times: the caller a tracer must
+// name for those pauses.
+//
+//go:noinline
+func readStats(n int) {
+	var ms runtime.MemStats
+	for i := 0; i < n; i++ {
+		runtime.ReadMemStats(&ms)
+	}
+}
+
+// resizeProcs changes GOMAXPROCS n times and restores it: the caller a
+// tracer must name for those pauses.
+//
+//go:noinline
+func resizeProcs(n int) {
+	procs := runtime.GOMAXPROCS(0)
+	for i := 0; i < n; i++ {
+		// Alternate so each call really changes the value (an unchanged
+		// value returns without stopping the world).
+		if i%2 == 0 {
+			runtime.GOMAXPROCS(procs + 1)
+		} else {
+			runtime.GOMAXPROCS(procs)
+		}
+	}
+	runtime.GOMAXPROCS(procs)
 }
 
 // churn allocates n MiB of short-lived garbage.

@@ -86,6 +86,7 @@ pub fn core_options(stopping: bool) -> CoreOptions {
             ..StackGrowthOptions::default()
         }),
         stopping,
+        explain: false,
     }
 }
 

@@ -49,6 +49,9 @@ pub struct TraceOptions {
     /// every pause and adds its own latency to it (README, "Stopping phase").
     #[arg(long)]
     pub no_stopping: bool,
+    /// Do not explain pauses (the goroutine stack that asked for each stop).
+    #[arg(long)]
+    pub no_explain: bool,
 }
 
 /// `--stacks`.
@@ -74,6 +77,7 @@ impl TraceOptions {
                 ..StackGrowthOptions::default()
             }),
             stopping: !self.no_stopping,
+            explain: !self.no_explain,
         }
     }
 

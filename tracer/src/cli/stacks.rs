@@ -80,7 +80,7 @@ pub async fn run(args: StacksArgs) -> anyhow::Result<i32> {
             },
             exact_event_every: args.event_every,
         }),
-        stopping: false,
+        ..CoreOptions::default()
     };
     let target = target_of(args.pid, &args.command)?;
     // A started program keeps the terminal's standard output for its own

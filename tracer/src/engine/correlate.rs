@@ -259,6 +259,7 @@ pub mod tests_support {
             go_duration_ns: Some(dur),
             window_ns: dur,
             stopping_ns: None,
+            caller: None,
             faults: None,
         }
     }

@@ -125,6 +125,10 @@ pub struct PauseRecord {
     /// the world stopped. `None` where the version has no such figure or
     /// the probe is off.
     pub stopping_ns: Option<u64>,
+    /// The stack of the goroutine that asked for the stop, innermost first
+    /// (`engine::caller`), when pauses are explained.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caller: Option<Vec<crate::image::Frame>>,
     /// Major faults inside the pause, when faults are traced.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub faults: Option<super::fault::PauseFaultStats>,
@@ -220,6 +224,7 @@ pub fn record(ev: &PauseEvent, clock: WallClock) -> PauseRecord {
         go_duration_ns,
         window_ns,
         stopping_ns,
+        caller: None,
         faults: None,
     }
 }

@@ -9,8 +9,10 @@
 //! - `capabilities`: the one detector of what the kernel supports.
 //! - `faults`: attaching and detaching a fault backend.
 //! - `stacks`: the stack-growth programs (sampler, duty-cycled exact probe).
+//! - `explain`: the per-process pause detail (the caller of each stop).
 
 pub mod capabilities;
+pub mod explain;
 pub mod faults;
 pub mod object;
 pub mod stacks;
@@ -60,6 +62,8 @@ pub struct CoreOptions {
     /// That probe fires inside the pause and adds its trap to it (README,
     /// "Stopping phase").
     pub stopping: bool,
+    /// Explain pauses: the caller of each stop (read at the entry probe).
+    pub explain: bool,
 }
 
 /// The first Go version whose `stopTheWorldWithSema` returns its stopping
@@ -401,6 +405,9 @@ impl Kernel for Core {
             self.first_traced();
         }
         self.object.trace(pid, *traced)?;
+        if self.opts.explain {
+            explain::watch(&mut self.object, pid)?;
+        }
         self.traced.insert(pid);
         for p in self.exact.values_mut() {
             p.watch(pid);

@@ -118,6 +118,7 @@ impl Object {
                 probe: probe as u32,
             });
         }
+        super::explain::forget(self, tgid)?;
         super::stacks::forget_process(self, tgid)
     }
 

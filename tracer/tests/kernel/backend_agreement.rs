@@ -32,7 +32,7 @@ impl Tracer {
             engine: engine(CoreOptions {
                 faults: Some(source),
                 stacks: None,
-                stopping: false,
+                ..CoreOptions::default()
             }),
             sink: ReportSink::new(
                 View::Faults,

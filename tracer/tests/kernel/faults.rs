@@ -114,7 +114,7 @@ fn run_traced(
     let opts = CoreOptions {
         faults: Some(source),
         stacks: None,
-        stopping: false,
+        ..CoreOptions::default()
     };
     let mut engine = crate::support::engine(opts);
     let mut sink = ReportSink::new(
@@ -387,7 +387,7 @@ fn kprobe_backend_pageout() {
             CoreOptions {
                 faults: Some(FaultSource::Kprobe),
                 stacks: None,
-                stopping: false,
+                ..CoreOptions::default()
             },
             Default::default(),
         )

@@ -37,7 +37,7 @@ fn run_stacks(
     let mut engine = engine(CoreOptions {
         faults: None,
         stacks: Some(opts),
-        stopping: false,
+        ..CoreOptions::default()
     });
     let mut sink = ReportSink::new(
         View::Stacks,
