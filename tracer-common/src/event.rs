@@ -15,6 +15,9 @@ pub enum EventKind {
     Fault = 2,
     /// A goroutine stack grew (`stack::StackGrowthEvent`).
     StackGrowth = 3,
+    /// What explains the pause whose `Pause` event follows
+    /// (`explain::PauseDetail`).
+    PauseDetail = 4,
 }
 
 impl EventKind {
@@ -24,6 +27,7 @@ impl EventKind {
             1 => Some(EventKind::Pause),
             2 => Some(EventKind::Fault),
             3 => Some(EventKind::StackGrowth),
+            4 => Some(EventKind::PauseDetail),
             _ => None,
         }
     }

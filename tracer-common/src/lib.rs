@@ -6,6 +6,7 @@
 
 pub mod counters;
 pub mod event;
+pub mod explain;
 pub mod fault;
 pub mod pause;
 pub mod process;
@@ -22,6 +23,7 @@ pub mod map_names {
     pub const FAULT_STACKS: &str = "FAULT_STACKS";
     pub const STACK_SITES: &str = "STACK_SITES";
     pub const STACK_CONFIG: &str = "STACK_CONFIG";
+    pub const PAUSE_DETAILS: &str = "PAUSE_DETAILS";
 }
 
 /// Names of the programs of the pause and stack-growth families (the fault
@@ -31,6 +33,9 @@ pub mod program_names {
     pub const STW_STOP: &str = "stw_stop";
     /// Each RET of `runtime.startTheWorldWithSema`.
     pub const STW_START_RET: &str = "stw_start_ret";
+    /// Each RET of `runtime.stopTheWorldWithSema` (Go 1.23+: the stopping
+    /// phase; inside the pause, so only when asked for).
+    pub const STW_STOPPED: &str = "stw_stopped";
     /// `runtime.copystack` entry (exact stack growth).
     pub const STACK_COPY: &str = "stack_copy";
     /// The CPU-clock sampler (sampled stack growth).

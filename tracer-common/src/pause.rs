@@ -27,8 +27,32 @@ pub struct PauseWindow {
     pub reason_text_len: u32,
     /// `m.preemptoff` (Go 1.19/1.20), truncated to `REASON_TEXT_LEN`.
     pub reason_text: [u8; REASON_TEXT_LEN],
+    /// Go's own stopping phase, read at `stopTheWorldWithSema`'s RET (Go
+    /// 1.23+, with `PauseEvent::FLAG_STOPPING`): `w.startedStopping`,
+    /// `w.finishedStopping`, `w.stoppingCPUTime`.
+    pub stopping: GoStopping,
 }
-assert_size!(PauseWindow, 24 + REASON_TEXT_LEN);
+assert_size!(PauseWindow, 24 + REASON_TEXT_LEN + GoStopping::SIZE);
+
+/// The `worldStop` Go returns from `stopTheWorldWithSema` (Go 1.23+): its
+/// stopping phase as Go times it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GoStopping {
+    /// `w.startedStopping` (`nanotime()` once `sched.lock` is held).
+    pub started_ns: u64,
+    /// `w.finishedStopping` (every P stopped).
+    pub finished_ns: u64,
+    /// `w.stoppingCPUTime`: the time every P spent stopped before the last
+    /// one stopped, summed over Ps.
+    pub cpu_ns: u64,
+}
+assert_size!(GoStopping, GoStopping::SIZE);
+
+impl GoStopping {
+    /// Size in bytes.
+    pub const SIZE: usize = 24;
+}
 
 /// One stop-the-world pause of one process (`EventKind::Pause`). The header's
 /// `ts_ns`/`tid`/`cpu` are those of the `startTheWorldWithSema` RET probe.
@@ -54,8 +78,10 @@ pub struct PauseEvent {
     pub reason_text_len: u32,
     /// `m.preemptoff` for Go 1.19/1.20 (the reason as text).
     pub reason_text: [u8; REASON_TEXT_LEN],
+    /// Go's stopping phase; valid only with `FLAG_STOPPING`.
+    pub stopping: GoStopping,
 }
-assert_size!(PauseEvent, 24 + 40 + REASON_TEXT_LEN);
+assert_size!(PauseEvent, 24 + 40 + REASON_TEXT_LEN + GoStopping::SIZE);
 
 impl PauseEvent {
     /// `go_started_ns` holds Go's own start of the pause.
@@ -64,6 +90,9 @@ impl PauseEvent {
     pub const FLAG_REASON_TEXT: u32 = 1 << 1;
     /// Reading the reason or Go's start from the process's memory failed.
     pub const FLAG_READ_FAILED: u32 = 1 << 2;
+    /// `stopping` holds what `stopTheWorldWithSema` returned (its RET probe
+    /// fired: Go 1.23+, when asked for).
+    pub const FLAG_STOPPING: u32 = 1 << 3;
 }
 
 #[cfg(feature = "user")]
@@ -72,4 +101,5 @@ mod user {
     // asserted above), so any byte pattern is a valid value.
     unsafe impl aya::Pod for super::PauseWindow {}
     unsafe impl aya::Pod for super::PauseEvent {}
+    unsafe impl aya::Pod for super::GoStopping {}
 }

@@ -4,12 +4,14 @@
 #![no_std]
 #![no_main]
 
+mod explain;
 mod fault;
 mod fault_kprobe;
 mod fault_tracepoint;
 mod maps;
 mod pause;
 mod stack;
+mod stopping;
 
 #[cfg(not(test))]
 #[panic_handler]

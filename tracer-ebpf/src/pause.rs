@@ -16,11 +16,14 @@ use aya_ebpf::{
 use tracer_common::{
     counters::Counter,
     event::{EventHeader, EventKind},
-    pause::{PauseEvent, PauseWindow, REASON_FROM_TEXT, REASON_TEXT_LEN},
+    pause::{GoStopping, PauseEvent, PauseWindow, REASON_FROM_TEXT, REASON_TEXT_LEN},
     process::{GoOffsets, Probe, TracedProcess},
 };
 
-use crate::maps::{EVENTS, count, hit, traced};
+use crate::{
+    explain,
+    maps::{EVENTS, count, hit, traced},
+};
 
 /// The open pause window of each traced process, by tgid. A process stops
 /// the world at most once at a time (`worldsema`), so one slot per tgid.
@@ -46,6 +49,7 @@ pub fn stw_stop(ctx: ProbeContext) -> u32 {
         flags: 0,
         reason_text_len: 0,
         reason_text: [0; REASON_TEXT_LEN],
+        stopping: GoStopping::default(),
     };
     // SAFETY: uprobe context, pt_regs readable.
     let regs = unsafe { &*ctx.regs };
@@ -65,6 +69,13 @@ pub fn stw_stop(ctx: ProbeContext) -> u32 {
     if PAUSE_WINDOWS.insert(tgid, window, 0).is_err() {
         count(Counter::MapFull);
     }
+    explain::opened(
+        tgid,
+        window.stop_tid,
+        window.stop_ts_ns,
+        regs.r14,
+        &process.offsets,
+    );
     0
 }
 
@@ -134,6 +145,7 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
             }
         }
     }
+    explain::send(tgid, ctx.pid());
     let Some(mut entry) = EVENTS.reserve::<PauseEvent>(0) else {
         count(Counter::RingbufFull);
         return 0;
@@ -156,6 +168,7 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
         flags,
         reason_text_len: window.reason_text_len,
         reason_text: window.reason_text,
+        stopping: window.stopping,
     });
     entry.submit(0);
     0

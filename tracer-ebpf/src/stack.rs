@@ -54,14 +54,14 @@ static STACK_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Read a `T` at `addr` of the traced process.
 #[inline(always)]
-fn read<T>(addr: u64) -> Option<T> {
+pub(crate) fn read<T>(addr: u64) -> Option<T> {
     // SAFETY: bpf_probe_read_user checks the address; a bad one is an error.
     unsafe { bpf_probe_read_user(addr as *const T) }.ok()
 }
 
 /// Read the word at `base + offset`, unless the offset is unknown.
 #[inline(always)]
-fn field(base: u64, offset: u16) -> Option<u64> {
+pub(crate) fn field(base: u64, offset: u16) -> Option<u64> {
     if offset == GoOffsets::UNKNOWN {
         return None;
     }

@@ -4,6 +4,7 @@
 
 pub mod faults;
 mod stack;
+mod stopping;
 
 use std::process::Command;
 
@@ -18,8 +19,9 @@ use crate::{
 pub struct Options {
     /// Which benchmark: `pauses` (stop-the-world probes on a GC-heavy
     /// workload), `stack` (stack-growth modes and a bpftrace newstack
-    /// counter on a goroutine-per-task workload) or `faults` (page faults of
-    /// a process gostw does not trace).
+    /// counter on a goroutine-per-task workload), `faults` (page faults of
+    /// a process gostw does not trace) or `stopping` (what the stopping-phase
+    /// probe adds to Go's own pause figures).
     pub name: String,
     /// Untraced/traced pairs to run.
     #[arg(long, default_value_t = 7)]
@@ -36,11 +38,12 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     match opts.name.as_str() {
         "pauses" => pauses(opts),
         "stack" => stack::run(opts),
+        "stopping" => stopping::run(opts),
         "faults" => faults::run(&faults::Options {
             runs: opts.rounds as usize,
             ..faults::Options::default()
         }),
-        other => bail!("unknown benchmark {other:?} (known: pauses, stack, faults)"),
+        other => bail!("unknown benchmark {other:?} (known: pauses, stack, faults, stopping)"),
     }
 }
 

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"runtime/metrics"
@@ -43,26 +44,42 @@ func main() {
 		for i := 0; i < *gcs; i++ {
 			runtime.GC()
 		}
-		var ms runtime.MemStats
-		for i := 0; i < *readMemStats; i++ {
-			runtime.ReadMemStats(&ms)
-		}
-		procs := runtime.GOMAXPROCS(0)
-		for i := 0; i < *gomaxprocs; i++ {
-			// Alternate so each call really changes the value (an unchanged
-			// value returns without stopping the world).
-			if i%2 == 0 {
-				runtime.GOMAXPROCS(procs + 1)
-			} else {
-				runtime.GOMAXPROCS(procs)
-			}
-		}
-		runtime.GOMAXPROCS(procs)
+		readStats(*readMemStats)
+		resizeProcs(*gomaxprocs)
 	}
 	runtime.KeepAlive(live)
 	elapsed = time.Since(start)
 	report()
 	os.Exit(*exitCode)
+}
+
+// readStats calls runtime.ReadMemStats n times: the caller a tracer must
+// name for those pauses.
+//
+//go:noinline
+func readStats(n int) {
+	var ms runtime.MemStats
+	for i := 0; i < n; i++ {
+		runtime.ReadMemStats(&ms)
+	}
+}
+
+// resizeProcs changes GOMAXPROCS n times and restores it: the caller a
+// tracer must name for those pauses.
+//
+//go:noinline
+func resizeProcs(n int) {
+	procs := runtime.GOMAXPROCS(0)
+	for i := 0; i < n; i++ {
+		// Alternate so each call really changes the value (an unchanged
+		// value returns without stopping the world).
+		if i%2 == 0 {
+			runtime.GOMAXPROCS(procs + 1)
+		} else {
+			runtime.GOMAXPROCS(procs)
+		}
+	}
+	runtime.GOMAXPROCS(procs)
 }
 
 // churn allocates n MiB of short-lived garbage.
@@ -84,6 +101,45 @@ func histCount(s metrics.Sample) int64 {
 		n += c
 	}
 	return int64(n)
+}
+
+// pauseHistograms are Go's own pause histograms (1.22+), reported bucket by
+// bucket so a tracer's per-pause figures can be bucketed the same way.
+var pauseHistograms = []string{
+	"/sched/pauses/stopping/gc:seconds",
+	"/sched/pauses/stopping/other:seconds",
+	"/sched/pauses/total/gc:seconds",
+	"/sched/pauses/total/other:seconds",
+}
+
+// boundNs is a bucket boundary in integer nanoseconds (Go's time histogram
+// boundaries are whole nanoseconds divided by 1e9); the open ends become the
+// extreme int64 values.
+func boundNs(b float64) int64 {
+	switch {
+	case math.IsInf(b, -1):
+		return math.MinInt64
+	case math.IsInf(b, 1):
+		return math.MaxInt64
+	}
+	return int64(math.Round(b * 1e9))
+}
+
+// histBuckets lists the non-empty buckets of a histogram as [low, high,
+// count], low inclusive and high exclusive, in nanoseconds; nil when the
+// metric is not in this Go version.
+func histBuckets(s metrics.Sample) [][3]int64 {
+	if s.Value.Kind() != metrics.KindFloat64Histogram {
+		return nil
+	}
+	h := s.Value.Float64Histogram()
+	out := [][3]int64{}
+	for i, c := range h.Counts {
+		if c > 0 {
+			out = append(out, [3]int64{boundNs(h.Buckets[i]), boundNs(h.Buckets[i+1]), int64(c)})
+		}
+	}
+	return out
 }
 
 // pauseNs returns MemStats.PauseNs of each GC cycle still in the ring, oldest
@@ -121,7 +177,16 @@ func report() {
 		{Name: "/sched/pauses/total/other:seconds"},
 		{Name: "/gc/pauses:seconds"},
 	}
+	for _, name := range pauseHistograms {
+		samples = append(samples, metrics.Sample{Name: name})
+	}
 	metrics.Read(samples)
+	hist := map[string][][3]int64{}
+	for _, s := range samples[3:] {
+		if b := histBuckets(s); b != nil {
+			hist[s.Name] = b
+		}
+	}
 	out := map[string]any{
 		"go_version":     runtime.Version(),
 		"pid":            os.Getpid(),
@@ -135,6 +200,7 @@ func report() {
 		"allocated_mib":  allocatedMiB,
 		"elapsed_ns":     elapsed.Nanoseconds(),
 		"cpu_ns":         cpuNs(),
+		"histograms":     hist,
 	}
 	b, _ := json.Marshal(out)
 	fmt.Printf("GOSTW_REPORT %s\n", b)

@@ -57,6 +57,11 @@ pub struct Args {
     /// container label "_overflow".
     #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_label_sets: u32,
+    /// Read Go's stopping phase of every pause (Go 1.23+). Off by default:
+    /// its probe fires inside every pause of every traced process and adds
+    /// its own latency to it (README, "Stopping phase").
+    #[arg(long)]
+    pub stopping: bool,
 }
 
 fn parse_regex(s: &str) -> Result<Regex, String> {
@@ -78,8 +83,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// a growth-heavy workload), and off the 100 Hz of timer ticks.
 pub const SAMPLE_HZ: u64 = 99;
 
-/// What the agent traces: pauses, faults (auto backend), sampled stack growth.
-pub fn core_options() -> CoreOptions {
+/// What the agent traces: pauses, faults (auto backend), sampled stack
+/// growth, and Go's stopping phase if `stopping`.
+pub fn core_options(stopping: bool) -> CoreOptions {
     CoreOptions {
         faults: Some(FaultSource::Auto),
         stacks: Some(StackGrowthOptions {
@@ -87,6 +93,8 @@ pub fn core_options() -> CoreOptions {
             sample_hz: SAMPLE_HZ,
             ..StackGrowthOptions::default()
         }),
+        stopping,
+        explain: false,
     }
 }
 
@@ -100,7 +108,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         max_label_sets: args.max_label_sets as usize,
         ..Limits::default()
     };
-    let mut engine = Engine::new(core_options(), limits)?;
+    let mut engine = Engine::new(core_options(args.stopping), limits)?;
     let metrics = Arc::new(Metrics::new());
     // Until a process is traced no fault backend is attached.
     metrics.fault_backend("none");

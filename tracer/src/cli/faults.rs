@@ -39,7 +39,7 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     let core = CoreOptions {
         faults: Some(args.fault_source),
-        stacks: None,
+        ..CoreOptions::default()
     };
     let files = Outputs::new(&args.files, Profiles::Faults, &core)?;
     // Files first: a bad path fails before a program starts.

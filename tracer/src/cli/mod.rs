@@ -49,6 +49,13 @@ pub struct TraceOptions {
     /// cost) or exact (a probe on every stack copy, 1s in every 10s).
     #[arg(long, value_enum, default_value_t = StacksOption::Sampled)]
     pub stacks: StacksOption,
+    /// Do not read Go's stopping phase (Go 1.23+): its probe fires inside
+    /// every pause and adds its own latency to it (README, "Stopping phase").
+    #[arg(long)]
+    pub no_stopping: bool,
+    /// Do not explain pauses (the goroutine stack that asked for each stop).
+    #[arg(long)]
+    pub no_explain: bool,
 }
 
 /// `--stacks`.
@@ -73,6 +80,8 @@ impl TraceOptions {
                 mode,
                 ..StackGrowthOptions::default()
             }),
+            stopping: !self.no_stopping,
+            explain: !self.no_explain,
         }
     }
 

@@ -86,6 +86,7 @@ pub async fn run(args: StacksArgs) -> anyhow::Result<i32> {
             },
             exact_event_every: args.event_every,
         }),
+        ..CoreOptions::default()
     };
     let files = Outputs::new(&args.files, Profiles::StackGrowth, &core)?;
     // Files first: a bad path fails before a program starts.

@@ -250,6 +250,8 @@ pub mod tests_support {
             duration_source: DurationSource::Go,
             go_duration_ns: Some(dur),
             window_ns: dur,
+            stopping_ns: None,
+            caller: None,
             faults: None,
         }
     }

@@ -4,6 +4,7 @@
 
 use tracer_common::{
     event::{EventHeader, EventKind},
+    explain::PauseDetail,
     fault::FaultEvent,
     pause::PauseEvent,
     stack::StackGrowthEvent,
@@ -61,6 +62,7 @@ pub enum Event {
     Pause(PauseEvent),
     Fault(FaultEvent),
     StackGrowth(StackGrowthEvent),
+    PauseDetail(PauseDetail),
 }
 
 impl Event {
@@ -71,6 +73,7 @@ impl Event {
             EventKind::Pause => Event::Pause(decode(kind, raw)?),
             EventKind::Fault => Event::Fault(decode(kind, raw)?),
             EventKind::StackGrowth => Event::StackGrowth(decode(kind, raw)?),
+            EventKind::PauseDetail => Event::PauseDetail(decode(kind, raw)?),
         })
     }
 
@@ -80,6 +83,7 @@ impl Event {
             Event::Pause(e) => e.header.tgid,
             Event::Fault(e) => e.header.tgid,
             Event::StackGrowth(e) => e.header.tgid,
+            Event::PauseDetail(e) => e.header.tgid,
         }
     }
 }

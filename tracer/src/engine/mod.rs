@@ -6,10 +6,11 @@
 //! their target, their options and their sink.
 //!
 //! - `event`: decoding raw records; `reader`: the async ring-buffer reader.
-//! - `pause`, `fault`: what a pause and a fault are.
+//! - `pause`, `fault`: what a pause and a fault are; `caller`: who asked.
 //! - `correlate`: which faults belong to which pause (the one rule).
 //! - `stream`: the pure pipeline; `observed`: what it produces.
 
+pub mod caller;
 pub mod correlate;
 pub mod event;
 pub mod fault;

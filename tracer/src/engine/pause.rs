@@ -120,6 +120,15 @@ pub struct PauseRecord {
     /// From the entry probe of `stopTheWorldWithSema` to the RET probe of
     /// `startTheWorldWithSema` (includes both probes' own latency).
     pub window_ns: u64,
+    /// Go's stopping phase (`finishedStopping - startedStopping`, Go 1.23+,
+    /// read at `stopTheWorldWithSema`'s RET); the rest of `duration_ns` is
+    /// the world stopped. `None` where the version has no such figure or
+    /// the probe is off.
+    pub stopping_ns: Option<u64>,
+    /// The stack of the goroutine that asked for the stop, innermost first
+    /// (`engine::caller`), when pauses are explained.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caller: Option<Vec<crate::image::Frame>>,
     /// Major faults inside the pause, when faults are traced.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub faults: Option<super::fault::PauseFaultStats>,
@@ -185,6 +194,7 @@ pub fn record(ev: &PauseEvent, clock: WallClock) -> PauseRecord {
         // A start after our entry probe or an end after our RET probe is not
         // a time Go took for this pause: the stack slot was not what we expect.
         .filter(|_| ev.go_started_ns >= ev.stop_ts_ns && ev.go_now_ns <= ev.header.ts_ns);
+    let stopping_ns = stopping_ns(ev);
     let (duration_ns, duration_source, start_mono_ns) = match go_duration_ns {
         Some(d) => (d, DurationSource::Go, ev.go_started_ns),
         None => {
@@ -213,15 +223,29 @@ pub fn record(ev: &PauseEvent, clock: WallClock) -> PauseRecord {
         duration_source,
         go_duration_ns,
         window_ns,
+        stopping_ns,
+        caller: None,
         faults: None,
     }
+}
+
+/// Go's stopping time, if the stop RET probe fired and its figures belong to
+/// this pause: the same `startedStopping` the RET of `startTheWorldWithSema`
+/// saw, and an end inside the pause.
+fn stopping_ns(ev: &PauseEvent) -> Option<u64> {
+    let s = &ev.stopping;
+    let consistent = ev.flags & PauseEvent::FLAG_STOPPING != 0
+        && (ev.flags & PauseEvent::FLAG_GO_START == 0 || s.started_ns == ev.go_started_ns)
+        && s.started_ns >= ev.stop_ts_ns
+        && s.finished_ns <= ev.go_now_ns.min(ev.header.ts_ns);
+    consistent.then(|| s.finished_ns.checked_sub(s.started_ns))?
 }
 
 #[cfg(test)]
 mod tests {
     use tracer_common::{
         event::{EventHeader, EventKind},
-        pause::REASON_TEXT_LEN,
+        pause::{GoStopping, REASON_TEXT_LEN},
     };
 
     use super::*;
@@ -254,6 +278,7 @@ mod tests {
             },
             reason_text_len: 0,
             reason_text: [0; REASON_TEXT_LEN],
+            stopping: Default::default(),
         }
     }
 
@@ -311,6 +336,25 @@ mod tests {
             WallClock::default(),
         );
         assert_eq!(r.duration_ns, 1_100);
+    }
+
+    #[test]
+    fn stopping_is_go_own_figure_when_it_belongs_to_the_pause() {
+        let mut ev = event(7, 2, 1_000, Some(1_020), 3_020, 3_100);
+        assert_eq!(record(&ev, WallClock::default()).stopping_ns, None);
+        ev.flags |= PauseEvent::FLAG_STOPPING;
+        ev.stopping = GoStopping {
+            started_ns: 1_020,
+            finished_ns: 1_520,
+            cpu_ns: 9,
+        };
+        assert_eq!(record(&ev, WallClock::default()).stopping_ns, Some(500));
+        // Another pause's start, or an end past Go's own end: not this pause.
+        ev.stopping.started_ns = 1_010;
+        assert_eq!(record(&ev, WallClock::default()).stopping_ns, None);
+        ev.stopping.started_ns = 1_020;
+        ev.stopping.finished_ns = 3_050;
+        assert_eq!(record(&ev, WallClock::default()).stopping_ns, None);
     }
 
     #[test]

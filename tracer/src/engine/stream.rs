@@ -7,7 +7,10 @@
 
 use std::{collections::HashMap, sync::Arc};
 
+use tracer_common::explain::PauseDetail;
+
 use super::{
+    caller,
     correlate::{Correlator, CorrelatorStats},
     event::{Event, Losses},
     fault::Fault,
@@ -55,6 +58,8 @@ pub struct Stream {
     images: HashMap<u32, ProcessImage>,
     /// Symbolized fault stacks and their raw addresses, per (process, stack id).
     stack_cache: HashMap<(u32, i32), FaultStack>,
+    /// The detail of each process's pause whose event comes next.
+    details: HashMap<u32, PauseDetail>,
 }
 
 impl Stream {
@@ -68,6 +73,7 @@ impl Stream {
             file_faults_seen: true,
             images: HashMap::new(),
             stack_cache: HashMap::new(),
+            details: HashMap::new(),
         }
     }
 
@@ -105,7 +111,21 @@ impl Stream {
             }
         };
         match event {
-            Event::Pause(ev) => self.correlator.pause(pause::record(&ev, self.clock), out),
+            Event::Pause(ev) => {
+                let mut rec = pause::record(&ev, self.clock);
+                // The detail is sent just before its pause, by the same probe.
+                if let Some(d) = self
+                    .details
+                    .remove(&ev.header.tgid)
+                    .filter(|d| d.stop_ts_ns == ev.stop_ts_ns)
+                {
+                    rec.caller = Some(self.caller(ev.header.tgid, &d));
+                }
+                self.correlator.pause(rec, out);
+            }
+            Event::PauseDetail(d) => {
+                self.details.insert(d.header.tgid, d);
+            }
             Event::Fault(ev) if self.opts.faults => {
                 let (stack, pcs) = self.stack(ev.header.tgid, ev.user_stack_id);
                 let mut fault = Fault::from_event(&ev, stack, self.file_faults_seen);
@@ -131,6 +151,17 @@ impl Stream {
         self.correlator.exited(pid, out);
         self.images.remove(&pid);
         self.stack_cache.retain(|(p, _), _| *p != pid);
+        self.details.remove(&pid);
+    }
+
+    /// The symbolized caller stack of a pause's detail.
+    fn caller(&self, tgid: u32, d: &PauseDetail) -> Vec<Frame> {
+        let n = (d.caller_len as usize).min(d.caller.len());
+        let rets = &d.caller[..n];
+        match self.images.get(&tgid) {
+            Some(image) => image.return_stack(rets, caller::MAX_FRAMES),
+            None => rets.iter().map(|&pc| Frame::unknown(pc)).collect(),
+        }
     }
 
     /// The trace ends.
@@ -215,6 +246,7 @@ pub mod tests {
             flags: PauseEvent::FLAG_GO_START,
             reason_text_len: 0,
             reason_text: [0; REASON_TEXT_LEN],
+            stopping: Default::default(),
         })
     }
 

@@ -208,10 +208,20 @@ impl ProcessImage {
     /// address) outwards (return addresses), at most `max` frames; unknown
     /// addresses become a frame named by the hex address.
     pub fn stack(&self, pcs: &[u64], max: usize) -> Vec<Frame> {
+        self.walk(pcs, max, true)
+    }
+
+    /// Frames of a stack of return addresses only (a saved caller chain),
+    /// innermost first, at most `max` frames.
+    pub fn return_stack(&self, rets: &[u64], max: usize) -> Vec<Frame> {
+        self.walk(rets, max, false)
+    }
+
+    fn walk(&self, pcs: &[u64], max: usize, first_is_pc: bool) -> Vec<Frame> {
         pcs.iter()
             .enumerate()
             .flat_map(|(i, &pc)| {
-                let frames = if i == 0 {
+                let frames = if i == 0 && first_is_pc {
                     self.frames(pc)
                 } else {
                     self.frames_of_return(pc)

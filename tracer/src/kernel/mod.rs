@@ -9,8 +9,10 @@
 //! - `capabilities`: the one detector of what the kernel supports.
 //! - `faults`: attaching and detaching a fault backend.
 //! - `stacks`: the stack-growth programs (sampler, duty-cycled exact probe).
+//! - `explain`: the per-process pause detail (the caller of each stop).
 
 pub mod capabilities;
+pub mod explain;
 pub mod faults;
 pub mod object;
 pub mod stacks;
@@ -29,7 +31,7 @@ use aya::programs::{
 use tracer_common::{
     counters::Counter,
     process::{Probe, TracedProcess},
-    program_names::{STW_START_RET, STW_STOP},
+    program_names::{STW_START_RET, STW_STOP, STW_STOPPED},
     stack::{StackSiteCounts, StackSiteKey},
 };
 
@@ -57,7 +59,17 @@ pub struct CoreOptions {
     pub faults: Option<FaultSource>,
     /// Stack growth, with these settings (None: not traced).
     pub stacks: Option<StackGrowthOptions>,
+    /// Read Go's stopping phase at `stopTheWorldWithSema`'s RET (Go 1.23+).
+    /// That probe fires inside the pause and adds its trap to it (README,
+    /// "Stopping phase").
+    pub stopping: bool,
+    /// Explain pauses: the caller of each stop (read at the entry probe).
+    pub explain: bool,
 }
+
+/// The first Go version whose `stopTheWorldWithSema` returns its stopping
+/// phase (`worldStop.finishedStopping`), as `GoVersion::code`.
+pub const STOPPING_SINCE: u32 = 123;
 
 /// Whether the fault backend is attached.
 enum FaultState {
@@ -202,6 +214,9 @@ impl Core {
         let result = (|| {
             let stop = binary.function(STOP_THE_WORLD)?;
             let mut offsets = vec![(STW_STOP, stop.file_offset)];
+            if self.opts.stopping && binary.version.code() >= STOPPING_SINCE {
+                offsets.extend(stop.ret_file_offsets.iter().map(|&o| (STW_STOPPED, o)));
+            }
             let start = binary.function(START_THE_WORLD)?;
             offsets.extend(start.ret_file_offsets.iter().map(|&o| (STW_START_RET, o)));
             for (name, offset) in offsets {
@@ -404,6 +419,9 @@ impl Kernel for Core {
             self.first_traced();
         }
         self.object.trace(pid, *traced)?;
+        if self.opts.explain {
+            explain::watch(&mut self.object, pid)?;
+        }
         self.traced.insert(pid);
         for p in self.exact.values_mut() {
             p.watch(pid);

@@ -134,7 +134,7 @@ impl Object {
                 probe: probe as u32,
             });
         }
-        Ok(())
+        super::explain::forget(self, tgid)
     }
 
     /// How many times `probe` fired in process `tgid`.

@@ -18,10 +18,7 @@ use super::{
     smaps::{self, Mapping},
     vmstat::monotonic_ns,
 };
-use crate::{
-    binary::{GoBinary, running},
-    memory::cgroup::CgroupMemory,
-};
+use crate::{binary::GoBinary, memory::cgroup::CgroupMemory};
 
 /// How much of the process gostw reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -32,6 +32,7 @@ impl Tracer {
             engine: engine(CoreOptions {
                 faults: Some(source),
                 stacks: None,
+                ..CoreOptions::default()
             }),
             sink: ReportSink::new(
                 View::Faults,

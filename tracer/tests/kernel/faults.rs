@@ -115,6 +115,7 @@ fn run_traced(
     let opts = CoreOptions {
         faults: Some(source),
         stacks: None,
+        ..CoreOptions::default()
     };
     let mut engine = crate::support::engine(opts);
     let mut sink = (
@@ -399,6 +400,7 @@ fn kprobe_backend_pageout() {
             CoreOptions {
                 faults: Some(FaultSource::Kprobe),
                 stacks: None,
+                ..CoreOptions::default()
             },
             Default::default(),
         )

@@ -38,6 +38,7 @@ fn run_stacks(
     let mut engine = engine(CoreOptions {
         faults: None,
         stacks: Some(opts),
+        ..CoreOptions::default()
     });
     let mut sink = ReportSink::new(
         View::Stacks,

@@ -23,7 +23,7 @@ use tracer_common::counters::Counter;
 pub use self::text::{pause_line, summary_text};
 use self::{
     faults::{FaultReport, FaultSummary},
-    pauses::{PauseStats, ProcessPauses},
+    pauses::{CallerCount, PauseStats, ProcessPauses, TOP_CALLERS},
 };
 use super::Sink;
 use crate::{
@@ -77,6 +77,9 @@ pub struct ReasonSummary {
     pub p99_ns: u64,
     pub p999_ns: u64,
     pub max_ns: u64,
+    /// The code that asked for these pauses, most pauses first (when
+    /// pauses are explained).
+    pub top_callers: Vec<CallerCount>,
 }
 
 /// One process's pauses.
@@ -267,6 +270,7 @@ impl ReportSink {
                         p99_ns: s.quantile_ns(0.99),
                         p999_ns: s.quantile_ns(0.999),
                         max_ns: s.max_ns,
+                        top_callers: s.top_callers(TOP_CALLERS),
                     })
                     .collect();
                 ProcessSummary {

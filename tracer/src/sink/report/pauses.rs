@@ -2,11 +2,26 @@
 //! histogram of durations, exact count, total and maximum, and the longest
 //! pauses.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use hdrhistogram::Histogram;
+use serde::Serialize;
 
-use crate::engine::pause::{PauseRecord, StwReason};
+use crate::engine::{
+    caller::CallerSite,
+    pause::{PauseRecord, StwReason},
+};
+
+/// How many callers of each reason the summary lists.
+pub const TOP_CALLERS: usize = 5;
+
+/// One caller of one reason's pauses.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CallerCount {
+    #[serde(flatten)]
+    pub site: CallerSite,
+    pub pauses: u64,
+}
 
 /// Distribution of one reason's pause durations.
 #[derive(Clone, Debug)]
@@ -16,6 +31,8 @@ pub struct ReasonStats {
     /// Exact (the histogram rounds to 3 significant digits).
     pub max_ns: u64,
     pub histogram: Histogram<u64>,
+    /// Pauses by caller site (pauses with a caller stack only).
+    pub callers: HashMap<CallerSite, u64>,
 }
 
 impl ReasonStats {
@@ -27,10 +44,15 @@ impl ReasonStats {
             // 1 ns to 1 hour, 3 significant digits.
             histogram: Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
                 .expect("valid histogram bounds"),
+            callers: HashMap::new(),
         }
     }
 
-    fn add(&mut self, ns: u64) {
+    fn add(&mut self, rec: &PauseRecord) {
+        if let Some(site) = rec.caller.as_deref().and_then(CallerSite::of) {
+            *self.callers.entry(site).or_default() += 1;
+        }
+        let ns = rec.duration_ns;
         self.count += 1;
         self.total_ns = self.total_ns.saturating_add(ns);
         self.max_ns = self.max_ns.max(ns);
@@ -41,6 +63,21 @@ impl ReasonStats {
     /// exact maximum, which HDR's rounding up could otherwise pass).
     pub fn quantile_ns(&self, q: f64) -> u64 {
         self.histogram.value_at_quantile(q).min(self.max_ns)
+    }
+
+    /// The callers with the most pauses, most first (then by name).
+    pub fn top_callers(&self, max: usize) -> Vec<CallerCount> {
+        let mut v: Vec<CallerCount> = self
+            .callers
+            .iter()
+            .map(|(site, &pauses)| CallerCount {
+                site: site.clone(),
+                pauses,
+            })
+            .collect();
+        v.sort_by(|a, b| (b.pauses, &a.site).cmp(&(a.pauses, &b.site)));
+        v.truncate(max);
+        v
     }
 }
 
@@ -89,7 +126,7 @@ impl PauseStats {
         p.by_reason
             .entry(rec.stw_reason())
             .or_insert_with(ReasonStats::new)
-            .add(rec.duration_ns);
+            .add(rec);
         let at = p
             .worst
             .partition_point(|w| w.duration_ns >= rec.duration_ns);
@@ -131,5 +168,32 @@ mod tests {
         let p2 = t.process(2).unwrap();
         assert_eq!(p2.count(), 2);
         assert_eq!(p2.by_reason[&StwReason(2)].max_ns, 500);
+    }
+
+    #[test]
+    fn callers_are_counted_by_site_most_first() {
+        let frame = |f: &str| crate::image::Frame {
+            function: f.to_owned(),
+            file: String::new(),
+            line: 0,
+            inlined: false,
+            start_line: 0,
+        };
+        let mut t = PauseStats::new(1);
+        for (i, site) in ["main.a", "main.b", "main.b"].iter().enumerate() {
+            let mut r = record(1, 1_000 * i as u64, 10);
+            r.caller = Some(vec![frame("runtime.GC"), frame(site)]);
+            t.add(&r);
+        }
+        t.add(&record(1, 9_000, 10));
+        let top = t.process(1).unwrap().by_reason[&StwReason(2)].top_callers(5);
+        let got: Vec<_> = top
+            .iter()
+            .map(|c| (c.site.function.as_str(), c.site.via.as_str(), c.pauses))
+            .collect();
+        assert_eq!(
+            got,
+            [("main.b", "runtime.GC", 2), ("main.a", "runtime.GC", 1)]
+        );
     }
 }

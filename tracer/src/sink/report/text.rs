@@ -2,7 +2,7 @@
 
 use super::Summary;
 use crate::{
-    engine::{fault::PauseFaultStats, pause::PauseRecord},
+    engine::{caller::CallerSite, fault::PauseFaultStats, pause::PauseRecord},
     units::{fmt_ns, fmt_time_of_day},
 };
 
@@ -12,8 +12,12 @@ pub fn pause_line(p: &PauseRecord) -> String {
         Some(t) if p.reason == "unknown" => format!("{:?}", t),
         _ => p.stw_reason().name().to_owned(),
     };
+    let stopping = p
+        .stopping_ns
+        .map(|s| format!(", stopping {}", fmt_ns(s)))
+        .unwrap_or_default();
     let line = format!(
-        "{}  pid {:<7} STW {:<28} {:>10}  (window {}, stopped by tid {})",
+        "{}  pid {:<7} STW {:<28} {:>10}  (window {}{stopping}, stopped by tid {})",
         fmt_time_of_day(p.start_unix_ns),
         p.pid,
         reason,
@@ -21,6 +25,10 @@ pub fn pause_line(p: &PauseRecord) -> String {
         fmt_ns(p.window_ns),
         p.tid
     );
+    let line = match p.caller.as_deref().and_then(CallerSite::of) {
+        Some(c) => format!("{line}  caller {}", c.function),
+        None => line,
+    };
     match &p.faults {
         Some(f) if f.all.faults > 0 => format!("{line}  {}", fault_text(f)),
         _ => line,
@@ -98,6 +106,28 @@ pub fn summary_text(s: &Summary) -> String {
                 fmt_ns(r.max_ns),
                 fmt_ns(r.total_ns)
             );
+        }
+        let callers: Vec<&super::ReasonSummary> = p
+            .by_reason
+            .iter()
+            .filter(|r| !r.top_callers.is_empty())
+            .collect();
+        if !callers.is_empty() {
+            let _ = writeln!(t, "  callers:");
+        }
+        for r in callers {
+            let sites: Vec<String> = r
+                .top_callers
+                .iter()
+                .map(|c| {
+                    if c.site.via.is_empty() {
+                        format!("{} {}", c.site.function, c.pauses)
+                    } else {
+                        format!("{} (via {}) {}", c.site.function, c.site.via, c.pauses)
+                    }
+                })
+                .collect();
+            let _ = writeln!(t, "    {:<26} {}", r.name, sites.join(", "));
         }
         let _ = writeln!(t, "  worst pauses:");
         for w in &p.worst {
