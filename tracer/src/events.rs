@@ -1,7 +1,7 @@
 //! Reading the `EVENTS` ring buffer: raw bytes in, checked typed events out.
 //! Decoding never trusts the kernel's bytes to be aligned or long enough.
 
-use std::os::fd::AsRawFd as _;
+use std::{os::fd::AsRawFd as _, time::Duration};
 
 use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
@@ -53,9 +53,18 @@ pub fn decode<T: aya::Pod>(kind: EventKind, bytes: &[u8]) -> Result<T, DecodeErr
     })
 }
 
+/// How often `EventReader::read_batch` looks at the ring buffer even when it
+/// is not woken: the kernel programs submit without waking the reader (a
+/// wake-up from BPF context costs ~19 us per event in these VMs), so an
+/// event waits at most this long.
+pub const READ_PERIOD: Duration = Duration::from_millis(20);
+
 /// Async reader over the ring buffer.
 pub struct EventReader {
     ring: AsyncFd<RingBuf<MapData>>,
+    /// Made at the first `read_batch`: callers that only `drain` need no
+    /// timer driver in their runtime.
+    timer: Option<tokio::time::Interval>,
 }
 
 impl EventReader {
@@ -65,21 +74,22 @@ impl EventReader {
         // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged,
         // for as long as it lives, and the AsyncFd owns the RingBuf.
         let ring = unsafe { AsyncFd::register(ring) }.map_err(std::io::Error::from)?;
-        Ok(EventReader { ring })
+        Ok(EventReader { ring, timer: None })
     }
 
-    /// Wait until events are available, then hand each to `f`. Returns how
-    /// many were handled.
-    pub async fn read_batch(&mut self, mut f: impl FnMut(&[u8])) -> std::io::Result<usize> {
-        let mut guard = self.ring.readable_mut().await?;
-        let ring = guard.get_inner_mut();
-        let mut n = 0;
-        while let Some(item) = ring.next() {
-            f(&item);
-            n += 1;
+    /// Wait until the buffer is readable or `READ_PERIOD` has passed, then
+    /// hand each event in it to `f`. Returns how many were handled (maybe 0).
+    pub async fn read_batch(&mut self, f: impl FnMut(&[u8])) -> std::io::Result<usize> {
+        let timer = self.timer.get_or_insert_with(|| {
+            let mut t = tokio::time::interval(READ_PERIOD);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        });
+        tokio::select! {
+            guard = self.ring.readable_mut() => guard?.clear_ready(),
+            _ = timer.tick() => {}
         }
-        guard.clear_ready();
-        Ok(n)
+        Ok(self.drain(f))
     }
 
     /// Hand every event already in the buffer to `f`, without waiting.
