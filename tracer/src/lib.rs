@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod binary;
+pub mod bpf_stats;
 pub mod ebpf;
 pub mod events;
 pub mod faults;

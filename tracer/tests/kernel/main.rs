@@ -8,6 +8,7 @@ mod support;
 mod agent;
 mod backend_agreement;
 mod binary_analysis;
+mod bpf_stats;
 mod faults;
 mod pauses;
 mod stack_growth;
