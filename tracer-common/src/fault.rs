@@ -107,7 +107,9 @@ pub struct FaultBegin {
     pub ip: u64,
     /// Block I/O requests this thread issued in the fault so far.
     pub reads_issued: u32,
-    pub _pad: u32,
+    /// The last process seen traced on this CPU (0: none): its faults skip
+    /// the `TRACED` lookup. Kept while the slot is free.
+    pub traced_tgid: u32,
 }
 assert_size!(FaultBegin, 4 * 4 + 3 * 8);
 

@@ -44,9 +44,15 @@ const SWITCH_PREV_PID: usize = 24;
 const SWITCH_PREV_STATE: usize = 32;
 // sched:sched_wakeup: pid_t pid (24).
 const WAKEUP_PID: usize = 24;
-/// `prev_state` bits that mean "went to sleep" (S, D, T, t, ...): preemption
-/// reports TASK_RUNNING (0) or TASK_REPORT_MAX (0x100) and is not blocking.
-const SLEEP_STATES: i64 = 0xff;
+/// `prev_state` as sched_switch reports it: one bit per state letter
+/// (S 0x1, D 0x2, T 0x4, ..., I 0x80); preemption reports TASK_RUNNING (0)
+/// or TASK_REPORT_MAX (0x100).
+const STATE_LETTERS: i64 = 0xff;
+/// D: the only way a thread sleeps inside a page fault (I/O, page locks,
+/// mmap_lock, reclaim; killable waits report D too). Interruptible sleeps
+/// (futex, epoll, nanosleep: most switches of a Go program) are never inside
+/// a fault, so they cost no lookup.
+const UNINTERRUPTIBLE: i64 = 0x2;
 
 /// The fault in progress on each CPU (index 0), see `FaultBegin`.
 #[map]
@@ -157,20 +163,26 @@ fn state_of(b: &FaultBegin) -> FaultState {
 #[inline(always)]
 fn fault_begins(ctx: &TracePointContext, flags: u32) -> u32 {
     let (tgid, tid) = current_ids();
-    if traced(tgid).is_none() {
+    let Some(slot) = slot() else {
         return 0;
+    };
+    // A traced process faults many times in a row on a CPU: remember it
+    // there rather than look it up each time. A process untraced since
+    // (it exited, and its tgid was reused) only costs slot writes until
+    // another traced process faults on this CPU; its faults send nothing
+    // (the end checks `TRACED`).
+    if slot.traced_tgid != tgid {
+        if traced(tgid).is_none() {
+            return 0;
+        }
+        slot.traced_tgid = tgid;
     }
-    if let Some(slot) = slot() {
-        *slot = FaultBegin {
-            tid,
-            flags,
-            begin_ns: now(),
-            address: field(ctx, PF_ADDRESS),
-            ip: field(ctx, PF_IP),
-            reads_issued: 0,
-            _pad: 0,
-        };
-    }
+    slot.tid = tid;
+    slot.flags = flags;
+    slot.begin_ns = now();
+    slot.address = field(ctx, PF_ADDRESS);
+    slot.ip = field(ctx, PF_IP);
+    slot.reads_issued = 0;
     0
 }
 
@@ -253,20 +265,23 @@ pub fn fault_tp_bio_queue(_ctx: TracePointContext) -> u32 {
 /// `sched:sched_switch`: the current (previous) thread goes off CPU. If its
 /// fault is still in progress on this CPU, the fault moves to the per-thread
 /// map (the thread may resume elsewhere); if it sleeps inside a fault, an
-/// off-CPU interval opens. Threads with no fault on this CPU that do not
-/// sleep return after the slot check.
+/// off-CPU interval opens. Other threads return after the slot check, or, if
+/// they sleep uninterruptibly, one lookup.
 #[tracepoint]
 pub fn fault_tp_switch(ctx: TracePointContext) -> u32 {
     let tid = field::<i32>(&ctx, SWITCH_PREV_PID) as u32;
+    let prev_state: i64 = field(&ctx, SWITCH_PREV_STATE);
+    let blocked = prev_state & UNINTERRUPTIBLE != 0;
     if let Some(slot) = live_slot(tid) {
         slot.tid = 0;
-        if still_in_fault(slot.flags, slot.ip) {
-            promote(tid, slot, field(&ctx, SWITCH_PREV_STATE));
+        // Sleeping or preempted (it may resume on another CPU) in the fault.
+        let preempted = prev_state & STATE_LETTERS == 0;
+        if (blocked || preempted) && still_in_fault(slot.flags, slot.ip) {
+            promote(tid, slot, blocked);
         }
         return 0;
     }
-    let prev_state: i64 = field(&ctx, SWITCH_PREV_STATE);
-    if prev_state & SLEEP_STATES == 0 {
+    if !blocked {
         return 0;
     }
     let Some(state) = state_mut(tid) else {
@@ -287,19 +302,18 @@ pub fn fault_tp_switch(ctx: TracePointContext) -> u32 {
 }
 
 /// Move the fault of a slot into `FAULT_STATE` for thread `tid`, which
-/// leaves the CPU in state `prev_state`.
+/// leaves the CPU asleep (`blocked`) or preempted.
 #[inline(always)]
-fn promote(tid: u32, slot: &FaultBegin, prev_state: i64) {
+fn promote(tid: u32, slot: &FaultBegin, blocked: bool) {
     let mut state = state_of(slot);
-    let sleeping = prev_state & SLEEP_STATES != 0;
-    if sleeping {
+    if blocked {
         open_interval(&mut state);
     }
     if FAULT_STATE.insert(tid, state, 0).is_err() {
         count(Counter::MapFull);
         return;
     }
-    if sleeping {
+    if blocked {
         sleepers_add(1);
     }
 }
