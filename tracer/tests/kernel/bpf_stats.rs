@@ -43,9 +43,10 @@ fn cost_of(programs: &Programs, name: &str) -> bpf_stats::ProgramCost {
 #[test]
 fn run_counts_and_time_rise_for_an_attached_program() {
     require_root();
+    // The sysctl shows only its own setting, not fds like the guard's: when
+    // it is off, the run time counted below is the guard's doing.
+    let sysctl = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap();
     let guard = bpf_stats::enable().expect("enabling BPF statistics");
-    let enabled = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap();
-    assert_eq!(enabled.trim(), "1", "the sysctl reflects the guard");
 
     let mut programs = Programs::load().expect("loading the programs");
     ensure_tracefs().expect("tracefs");
@@ -77,6 +78,10 @@ fn run_counts_and_time_rise_for_an_attached_program() {
     assert!(ran.run_ns > 0, "no run time counted: {ran:?}");
     let ns = ran.ns_per_run().unwrap();
     assert!(ns < 10_000.0, "{ns:.0} ns per run for a lookup that misses");
-    eprintln!("fault_tp_user: {} runs, {ns:.0} ns per run", ran.runs);
+    eprintln!(
+        "fault_tp_user: {} runs, {ns:.0} ns per run (kernel.bpf_stats_enabled {})",
+        ran.runs,
+        sysctl.trim()
+    );
     drop(guard);
 }
