@@ -10,6 +10,7 @@ mod backend_agreement;
 mod binary_analysis;
 mod bpf_stats;
 mod faults;
+mod live_lines;
 mod pauses;
 mod stack_growth;
 mod stw_probe;
