@@ -121,7 +121,13 @@ impl Summary {
             .collect();
         let kernel: BTreeMap<_, _> = counters.iter().map(|&(c, n)| (c.name(), n)).collect();
         let lost = Lost {
-            total: kernel.values().sum::<u64>() + pipeline.stats.lost(),
+            // Counters that split another one (per-kind ring buffer drops) are not added twice.
+            total: counters
+                .iter()
+                .filter(|(c, _)| c.part_of().is_none())
+                .map(|&(_, n)| n)
+                .sum::<u64>()
+                + pipeline.stats.lost(),
             kernel,
             user: pipeline.stats,
         };
@@ -388,7 +394,8 @@ mod tests {
             go_version: "go1.26.6".into(),
             exit_code: Some(0),
         };
-        let s = Summary::new(&p, &[info], &[(Counter::RingbufFull, 2)], 1);
+        let dropped = [(Counter::RingbufFull, 2), (Counter::RingbufFullPause, 2)];
+        let s = Summary::new(&p, &[info], &dropped, 1);
         out.summary(&s).unwrap();
         let text = String::from_utf8(buf.0.borrow().clone()).unwrap();
         let lines: Vec<serde_json::Value> = text
@@ -408,6 +415,7 @@ mod tests {
         assert_eq!(proc0["by_reason"][1]["reason"], "read_mem_stats");
         assert_eq!(sum["lost"]["total"], 2);
         assert_eq!(sum["lost"]["kernel"]["ringbuf_full"], 2);
+        assert_eq!(sum["lost"]["kernel"]["ringbuf_full_pause"], 2);
     }
 
     #[test]
