@@ -6,7 +6,8 @@
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Counter {
-    /// An event did not fit in the ring buffer.
+    /// An event did not fit in the ring buffer (any kind; the
+    /// `RingbufFull*` counters below split it by kind).
     RingbufFull = 0,
     /// A read of the traced process's memory failed (`bpf_probe_read_user`).
     ReadUserFailed = 1,
@@ -22,11 +23,22 @@ pub enum Counter {
     FaultStackFailed = 5,
     /// A major fault ended whose beginning was not seen.
     FaultNoBegin = 6,
+    /// A pause event did not fit in the ring buffer (part of `RingbufFull`).
+    RingbufFullPause = 7,
+    /// A fault event did not fit in the ring buffer (part of `RingbufFull`).
+    RingbufFullFault = 8,
+    /// A stack-growth event did not fit in the ring buffer (part of
+    /// `RingbufFull`).
+    RingbufFullStackGrowth = 9,
+    /// A stack-growth event not sent because the ring buffer was more than
+    /// half full: that half is kept for pause and fault events. Its counts
+    /// still reach the per-site map (`STACK_SITES`).
+    StackGrowthShed = 10,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 7] = [
+    pub const ALL: [Counter; 11] = [
         Counter::RingbufFull,
         Counter::ReadUserFailed,
         Counter::MapFull,
@@ -34,6 +46,10 @@ impl Counter {
         Counter::PauseReopened,
         Counter::FaultStackFailed,
         Counter::FaultNoBegin,
+        Counter::RingbufFullPause,
+        Counter::RingbufFullFault,
+        Counter::RingbufFullStackGrowth,
+        Counter::StackGrowthShed,
     ];
     /// Number of slots in the `COUNTERS` array.
     pub const LEN: u32 = Self::ALL.len() as u32;
@@ -48,6 +64,48 @@ impl Counter {
             Counter::PauseReopened => "pause_reopened",
             Counter::FaultStackFailed => "fault_stack_failed",
             Counter::FaultNoBegin => "fault_no_begin",
+            Counter::RingbufFullPause => "ringbuf_full_pause",
+            Counter::RingbufFullFault => "ringbuf_full_fault",
+            Counter::RingbufFullStackGrowth => "ringbuf_full_stack_growth",
+            Counter::StackGrowthShed => "stack_growth_shed",
+        }
+    }
+
+    /// The counter this one is a part of, if it only splits another one
+    /// (a total over all counters must skip these).
+    pub const fn part_of(self) -> Option<Counter> {
+        match self {
+            Counter::RingbufFullPause
+            | Counter::RingbufFullFault
+            | Counter::RingbufFullStackGrowth => Some(Counter::RingbufFull),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::collections::HashSet;
+
+    use super::*;
+
+    #[test]
+    fn all_is_in_index_order_with_unique_snake_case_names() {
+        let mut names = HashSet::new();
+        for (i, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i, "{c:?} out of order in Counter::ALL");
+            let name = c.name();
+            assert!(names.insert(name), "{name} used twice");
+            assert!(
+                name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{name} is not snake_case"
+            );
+        }
+        for c in Counter::ALL {
+            if let Some(whole) = c.part_of() {
+                assert_eq!(whole.part_of(), None, "{c:?} is part of a part");
+            }
         }
     }
 }

@@ -89,6 +89,30 @@ pub struct FaultState {
 }
 assert_size!(FaultState, 8 * 8 + 4 * 4);
 
+/// The beginning of the fault in progress on one CPU (tracepoint backend,
+/// a per-CPU slot): written at every fault begin instead of a per-thread
+/// hash entry, since a thread that does not leave the CPU inside its fault
+/// (every minor fault, nearly) also ends it there. It is promoted into the
+/// per-thread `FaultState` only when the thread switches out while still
+/// inside the fault (it may wake up on another CPU).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultBegin {
+    /// The faulting thread; 0: no fault in progress on this CPU.
+    pub tid: u32,
+    /// `FaultEvent::FLAG_*` bits known so far.
+    pub flags: u32,
+    pub begin_ns: u64,
+    pub address: u64,
+    pub ip: u64,
+    /// Block I/O requests this thread issued in the fault so far.
+    pub reads_issued: u32,
+    /// The last process seen traced on this CPU (0: none): its faults skip
+    /// the `TRACED` lookup. Kept while the slot is free.
+    pub traced_tgid: u32,
+}
+assert_size!(FaultBegin, 4 * 4 + 3 * 8);
+
 /// Names of the fault programs, by backend, so attach code and tests agree.
 pub mod programs {
     /// Tracepoint backend: (program, tracepoint category, tracepoint name).
@@ -136,4 +160,5 @@ mod user {
     // asserted above), so any byte pattern is a valid value.
     unsafe impl aya::Pod for super::FaultEvent {}
     unsafe impl aya::Pod for super::FaultState {}
+    unsafe impl aya::Pod for super::FaultBegin {}
 }

@@ -10,8 +10,11 @@ pub const REASON_TEXT_LEN: usize = 32;
 /// `reason` value meaning "Go passed no reason code; see `reason_text`".
 pub const REASON_FROM_TEXT: u32 = u32::MAX;
 
-/// An open pause window, kept per tgid in `PAUSE_WINDOWS` (kernel only; user
-/// space deletes stale entries when a process goes away).
+/// A pause window, kept per tgid in `PAUSE_WINDOWS` (kernel only; user
+/// space deletes the entry when a process goes away). Open from
+/// `stopTheWorldWithSema` entry to a RET of `startTheWorldWithSema`, then
+/// kept closed (`stop_ts_ns` 0) for the next pause. Only traced processes
+/// have one, so the RET probe's lookup doubles as the traced check.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PauseWindow {
@@ -31,8 +34,12 @@ pub struct PauseWindow {
     /// 1.23+, with `PauseEvent::FLAG_STOPPING`): `w.startedStopping`,
     /// `w.finishedStopping`, `w.stoppingCPUTime`.
     pub stopping: GoStopping,
+    /// The process's `GoOffsets::start_rsp_started_stopping`, copied at
+    /// entry so the RET probe needs no `TRACED` lookup.
+    pub start_rsp_started_stopping: u16,
+    pub _pad: [u16; 3],
 }
-assert_size!(PauseWindow, 24 + REASON_TEXT_LEN + GoStopping::SIZE);
+assert_size!(PauseWindow, 24 + REASON_TEXT_LEN + GoStopping::SIZE + 8);
 
 /// The `worldStop` Go returns from `stopTheWorldWithSema` (Go 1.23+): its
 /// stopping phase as Go times it.

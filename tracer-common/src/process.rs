@@ -9,7 +9,9 @@ use crate::assert_size;
 pub enum Probe {
     /// `runtime.stopTheWorldWithSema` entry.
     StopTheWorld = 0,
-    /// A RET of `runtime.startTheWorldWithSema`.
+    /// A RET of `runtime.startTheWorldWithSema`. Not counted (the probe
+    /// keeps to one map lookup): every hit of a traced process is a pause
+    /// event or a `pause_unmatched` count.
     StartTheWorldRet = 1,
     /// `runtime.copystack` entry (exact stack-growth mode), any copy.
     Copystack = 3,

@@ -14,11 +14,13 @@ use tracer_common::{
     fault::{Backend, FaultEvent, FaultState},
 };
 
-use crate::maps::{EVENTS, count};
+use crate::maps::{EVENTS, SUBMIT_FLAGS, count, ringbuf_full};
 
-/// Faults in progress, by tid. LRU: a thread that exits mid-fault, or whose
-/// last fault was minor (the tracepoint backend sees only major ends), leaves
-/// an entry that ages out instead of filling the map. Only threads of traced
+/// Faults in progress, by tid: every fault of the kprobe backend; for the
+/// tracepoint backend only those a thread left the CPU in (see
+/// `FaultBegin`). LRU: a thread that exits mid-fault, or whose last fault
+/// was minor (the tracepoint backend sees only major ends), leaves an entry
+/// that ages out instead of filling the map. Only threads of traced
 /// processes are ever inserted, so a lookup here doubles as the traced check
 /// where the tracepoint names a thread other than the current one.
 #[map]
@@ -49,7 +51,8 @@ pub fn current_ids() -> (u32, u32) {
     ((id >> 32) as u32, id as u32)
 }
 
-/// Start a new fault on thread `tid` (replacing whatever was there).
+/// Start a new fault on thread `tid` (replacing whatever was there; kprobe
+/// backend).
 #[inline(always)]
 pub fn begin(tid: u32, address: u64, ip: u64, flags: u32) {
     let state = FaultState {
@@ -109,7 +112,7 @@ pub fn emit<C: StackIdContext>(
         }
     };
     let Some(mut entry) = EVENTS.reserve::<FaultEvent>(0) else {
-        count(Counter::RingbufFull);
+        ringbuf_full(Counter::RingbufFullFault);
         return;
     };
     let header = EventHeader {
@@ -147,5 +150,5 @@ pub fn emit<C: StackIdContext>(
         }
     };
     entry.write(event);
-    entry.submit(0);
+    entry.submit(SUBMIT_FLAGS);
 }

@@ -22,11 +22,14 @@ use tracer_common::{
 
 use crate::{
     explain,
-    maps::{EVENTS, count, hit, traced},
+    maps::{EVENTS, SUBMIT_FLAGS, count, hit, ringbuf_full, traced},
 };
 
-/// The open pause window of each traced process, by tgid. A process stops
-/// the world at most once at a time (`worldsema`), so one slot per tgid.
+/// The pause window of each traced process, by tgid: open from
+/// `stopTheWorldWithSema` entry to a RET of `startTheWorldWithSema`, then
+/// kept closed (`stop_ts_ns` 0) for the next pause. A process stops the world
+/// at most once at a time (`worldsema`), so one slot per tgid; user space
+/// deletes it when the process goes away.
 #[map]
 pub static PAUSE_WINDOWS: HashMap<u32, PauseWindow> = HashMap::with_max_entries(4096, 0);
 
@@ -50,6 +53,8 @@ pub fn stw_stop(ctx: ProbeContext) -> u32 {
         reason_text_len: 0,
         reason_text: [0; REASON_TEXT_LEN],
         stopping: GoStopping::default(),
+        start_rsp_started_stopping: process.offsets.start_rsp_started_stopping,
+        _pad: [0; 3],
     };
     // SAFETY: uprobe context, pt_regs readable.
     let regs = unsafe { &*ctx.regs };
@@ -62,12 +67,22 @@ pub fn stw_stop(ctx: ProbeContext) -> u32 {
     } else {
         window.reason = (regs.rax & 0xff) as u32;
     }
-    // SAFETY: read-only lookup of a plain value.
-    if unsafe { PAUSE_WINDOWS.get(tgid) }.is_some() {
-        count(Counter::PauseReopened);
-    }
-    if PAUSE_WINDOWS.insert(tgid, window, 0).is_err() {
-        count(Counter::MapFull);
+    // The entry stays in the map between pauses (closed: `stop_ts_ns` 0),
+    // so every pause but the first is written in place, not allocated.
+    match PAUSE_WINDOWS.get_ptr_mut(tgid) {
+        // SAFETY: a pointer to this process's value; its pauses do not
+        // overlap (`worldsema`), and only user space deletes the entry.
+        Some(open) => unsafe {
+            if (*open).stop_ts_ns != 0 {
+                count(Counter::PauseReopened);
+            }
+            *open = window;
+        },
+        None => {
+            if PAUSE_WINDOWS.insert(tgid, window, 0).is_err() {
+                count(Counter::MapFull);
+            }
+        }
     }
     explain::opened(
         tgid,
@@ -113,24 +128,33 @@ fn read_preemptoff(g0: u64, offsets: &GoOffsets, window: &mut PauseWindow) -> Re
 /// Attached at each RET of `runtime.startTheWorldWithSema`, whose result (RAX)
 /// is Go's `now` at the end of the pause. From Go 1.22 its argument
 /// `w.startedStopping` is still in the caller-visible stack slot below RSP.
+/// Rarely run, so every map it touches is a cache miss: it looks up only
+/// the pause window (which only traced processes have).
 #[uprobe]
 pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
     let tgid = ctx.tgid();
-    let Some(process) = traced(tgid) else {
+    let Some(slot) = PAUSE_WINDOWS.get_ptr_mut(tgid) else {
+        // Not traced, or traced since inside its first pause.
+        if traced(tgid).is_some() {
+            count(Counter::PauseUnmatched);
+        }
         return 0;
     };
-    hit(tgid, Probe::StartTheWorldRet);
-    // SAFETY: read-only lookup; the value is copied out before the delete.
-    let Some(window) = (unsafe { PAUSE_WINDOWS.get(tgid) }).copied() else {
+    // SAFETY: as in `stw_stop`; the value is copied out, then closed.
+    let window = unsafe {
+        let window = *slot;
+        (*slot).stop_ts_ns = 0;
+        window
+    };
+    if window.stop_ts_ns == 0 {
         count(Counter::PauseUnmatched);
         return 0;
-    };
-    let _ = PAUSE_WINDOWS.remove(tgid);
+    }
     // SAFETY: uprobe context, pt_regs readable.
     let regs = unsafe { &*ctx.regs };
     let mut flags = window.flags;
     let mut go_started_ns = 0;
-    let off = process.offsets.start_rsp_started_stopping;
+    let off = window.start_rsp_started_stopping;
     if off != GoOffsets::UNKNOWN {
         let slot = regs.rsp.wrapping_sub(u64::from(off));
         // SAFETY: bpf_probe_read_user checks the address.
@@ -147,7 +171,7 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
     }
     explain::send(tgid, ctx.pid());
     let Some(mut entry) = EVENTS.reserve::<PauseEvent>(0) else {
-        count(Counter::RingbufFull);
+        ringbuf_full(Counter::RingbufFullPause);
         return 0;
     };
     entry.write(PauseEvent {
@@ -170,6 +194,6 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
         reason_text: window.reason_text,
         stopping: window.stopping,
     });
-    entry.submit(0);
+    entry.submit(SUBMIT_FLAGS);
     0
 }

@@ -18,7 +18,7 @@
 
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::pt_regs,
+    bindings::{BPF_RB_AVAIL_DATA, pt_regs},
     helpers::{
         bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_probe_read_kernel, bpf_probe_read_user, bpf_task_pt_regs,
@@ -37,7 +37,10 @@ use tracer_common::{
     },
 };
 
-use crate::maps::{EVENTS, count, hit, traced};
+use crate::maps::{EVENTS, EVENTS_BYTES, SUBMIT_FLAGS, count, hit, ringbuf_full, traced};
+
+/// Unread bytes in `EVENTS` past which stack-growth events are shed.
+const STACK_EVENTS_MAX_UNREAD: u64 = EVENTS_BYTES as u64 / 2;
 
 /// Copies (exact) and copy samples (sampled) by call site and size.
 #[map]
@@ -125,8 +128,14 @@ fn add_site(key: &StackSiteKey, copied: u64) {
 /// Send a full event with a frame-pointer walk of the goroutine's stack.
 #[inline(always)]
 fn send_event(tgid: u32, tid: u32, key: &StackSiteKey, s: &Site, goid: u64, new_size: u64) {
+    // Samples must never crowd out pauses and faults: past half full, the
+    // rest of the buffer is theirs (the site counts above still count it).
+    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) > STACK_EVENTS_MAX_UNREAD {
+        count(Counter::StackGrowthShed);
+        return;
+    }
     let Some(mut entry) = EVENTS.reserve::<StackGrowthEvent>(0) else {
-        count(Counter::RingbufFull);
+        ringbuf_full(Counter::RingbufFullStackGrowth);
         return;
     };
     let mut frames = [0u64; STACK_FRAMES];
@@ -170,7 +179,7 @@ fn send_event(tgid: u32, tid: u32, key: &StackSiteKey, s: &Site, goid: u64, new_
         used: s.hi.saturating_sub(s.sp),
         frames,
     });
-    entry.submit(0);
+    entry.submit(SUBMIT_FLAGS);
 }
 
 /// Go: `func copystack(gp *g, newsize uintptr)` (1.19-1.27, ABIInternal:
@@ -229,22 +238,23 @@ fn try_stack_copy(ctx: &ProbeContext) -> Option<()> {
     Some(())
 }
 
-/// The user-mode registers of the sampled thread: the sample's own when it
-/// hit user code, else the ones saved at the kernel entry (a sample that
-/// lands in the page fault of a fresh stack page still counts).
+/// R14 (the current g in Go code) of the sampled thread in user mode: the
+/// sample's own register when it hit user code, else the one saved at the
+/// kernel entry (a sample that lands in the page fault of a fresh stack page
+/// still counts). Only that word is read, not the whole `pt_regs`.
 #[inline(always)]
-fn user_regs(ctx: &PerfEventContext) -> Option<pt_regs> {
+fn user_r14(ctx: &PerfEventContext) -> Option<u64> {
     // SAFETY: the kernel hands perf_event programs valid sample data.
     let regs = unsafe { &(*ctx.ctx).regs };
     if regs.cs & 3 == 3 {
-        return Some(*regs);
+        return Some(regs.r14);
     }
     // SAFETY: the current task is valid for the whole program run, and the
     // returned pointer is read through the checked helper.
     unsafe {
         let task = bpf_get_current_task_btf();
         let user = bpf_task_pt_regs(task) as *const pt_regs;
-        bpf_probe_read_kernel(user).ok()
+        bpf_probe_read_kernel(core::ptr::addr_of!((*user).r14)).ok()
     }
 }
 
@@ -260,11 +270,10 @@ fn try_stack_sample(ctx: &PerfEventContext) -> Option<()> {
     let tgid = ctx.tgid();
     let p = traced(tgid)?;
     hit(tgid, Probe::CpuSample);
-    let regs = user_regs(ctx)?;
     let o = &p.offsets;
     // R14 is the current g in Go code (ABIInternal). Outside Go code it may
     // hold anything, and the reads below fail or do not match: not an error.
-    let g = regs.r14;
+    let g = user_r14(ctx)?;
     let m = field(g, o.g_m)?;
     if m == 0 || field(m, o.m_g0)? != g {
         return None;

@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod binary;
+pub mod bpf_stats;
 pub mod engine;
 pub mod formats;
 pub mod image;

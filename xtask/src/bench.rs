@@ -2,7 +2,9 @@
 //! runs of the same Go workload, interleaved so drifts in machine load hit
 //! both sides alike. A benchmark prints figures; it does not pass or fail.
 
+mod bpf;
 pub mod faults;
+pub mod overhead;
 mod stack;
 mod stopping;
 
@@ -17,33 +19,47 @@ use crate::{
 
 #[derive(clap::Args)]
 pub struct Options {
-    /// Which benchmark: `pauses` (stop-the-world probes on a GC-heavy
+    /// Which benchmark: `overhead` (every feature's cost, per event from the
+    /// kernel's BPF statistics and end to end, against untraced runs and the
+    /// bpftrace equivalent), `pauses` (stop-the-world probes on a GC-heavy
     /// workload), `stack` (stack-growth modes and a bpftrace newstack
     /// counter on a goroutine-per-task workload), `faults` (page faults of
     /// a process gostw does not trace) or `stopping` (what the stopping-phase
     /// probe adds to Go's own pause figures).
     pub name: String,
-    /// Untraced/traced pairs to run.
-    #[arg(long, default_value_t = 7)]
-    pub rounds: u32,
+    /// Rounds (untraced/traced pairs; `overhead`: every configuration once);
+    /// default 7, `overhead` 9 (at least).
+    #[arg(long)]
+    pub rounds: Option<u32>,
     /// Seconds each workload run lasts.
     #[arg(long, default_value_t = 3)]
     pub seconds: u32,
     /// Go version of the workload.
     #[arg(long, default_value = go::DEFAULT)]
     pub go: String,
+    #[command(flatten)]
+    pub overhead: overhead::OverheadOptions,
+}
+
+impl Options {
+    pub fn rounds(&self) -> u32 {
+        self.rounds.unwrap_or(7)
+    }
 }
 
 pub fn run(opts: &Options) -> anyhow::Result<()> {
     match opts.name.as_str() {
+        "overhead" => overhead::run(opts.rounds.unwrap_or(9), &opts.go, &opts.overhead),
         "pauses" => pauses(opts),
         "stack" => stack::run(opts),
         "stopping" => stopping::run(opts),
         "faults" => faults::run(&faults::Options {
-            runs: opts.rounds as usize,
+            runs: opts.rounds() as usize,
             ..faults::Options::default()
         }),
-        other => bail!("unknown benchmark {other:?} (known: pauses, stack, faults, stopping)"),
+        other => {
+            bail!("unknown benchmark {other:?} (known: overhead, pauses, stack, faults, stopping)")
+        }
     }
 }
 
@@ -87,12 +103,14 @@ fn pauses(opts: &Options) -> anyhow::Result<()> {
     ];
     step(&format!(
         "{} rounds of untraced then traced, {}s each (Go {})",
-        opts.rounds, opts.seconds, opts.go
+        opts.rounds(),
+        opts.seconds,
+        opts.go
     ));
     let mut wall = Vec::new();
     let mut cpu = Vec::new();
     let mut pauses = Vec::new();
-    for round in 1..=opts.rounds {
+    for round in 1..=opts.rounds() {
         let u = sample(Command::new(&workload).args(args))?;
         let t = sample(
             Command::new(&gostw)
@@ -112,7 +130,7 @@ fn pauses(opts: &Options) -> anyhow::Result<()> {
         "pauses: traced/untraced throughput per CPU second {:.3} (median of {} rounds; min {:.3}, max {:.3}); \
          per wall-clock second {:.3}; {:.0} pauses/s traced",
         median(&mut cpu),
-        opts.rounds,
+        opts.rounds(),
         cpu[0],
         cpu[cpu.len() - 1],
         median(&mut wall),

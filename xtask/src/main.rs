@@ -48,6 +48,9 @@ enum Task {
     /// (internal) The page-fault-heavy program `bench faults` times.
     #[command(hide = true)]
     BenchFaultWorker(bench::faults::WorkerOptions),
+    /// (internal) Calls a function `bench overhead` puts a uprobe on.
+    #[command(hide = true)]
+    BenchTrapWorker(bench::overhead::TrapWorkerOptions),
 }
 
 fn main() -> std::process::ExitCode {
@@ -61,6 +64,7 @@ fn main() -> std::process::ExitCode {
         Task::Scenario(opts) => scenario::run(&opts),
         Task::Fuzz(opts) => fuzz::run(&opts),
         Task::BenchFaultWorker(opts) => bench::faults::worker(&opts),
+        Task::BenchTrapWorker(opts) => bench::overhead::trap_worker(&opts),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

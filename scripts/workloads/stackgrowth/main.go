@@ -240,11 +240,17 @@ func main() {
 	spinners := flag.Int("spinners", 8, "CPU-bound goroutines (preempt)")
 	clients := flag.Int("clients", 16, "client goroutines (server)")
 	duration := flag.Duration("duration", 0, "batch/pool: repeat until this much time has passed; preempt: run this long (default 2s)")
+	marks := flag.Bool("marks", false, "print GOSTW_WORK begin/end lines around the timed work (for benchmarks)")
 	flag.Parse()
 
 	if *mode == "batch" || *mode == "pool" {
 		debug.SetGCPercent(-1)
 	}
+	if *marks {
+		fmt.Println("GOSTW_WORK begin")
+	}
+	var ru0 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 	start := time.Now()
 	deadline := start.Add(*duration)
 	rounds := 0
@@ -277,6 +283,12 @@ func main() {
 		os.Exit(2)
 	}
 	elapsed := time.Since(start)
+	var ru1 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	if *marks {
+		fmt.Println("GOSTW_WORK end")
+	}
+	workCPU := ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano()
 	// CPU time of the whole process (a probe's cost lands in it, as system
 	// time of the thread that hit it), less sensitive than wall time to
 	// other load on the machine.
@@ -298,6 +310,7 @@ func main() {
 		"elapsed_ns":        elapsed.Nanoseconds(),
 		"tasks_per_sec":     float64(deepCalls.Load()) / elapsed.Seconds(),
 		"cpu_ns":            cpu.Nanoseconds(),
+		"work_cpu_ns":       workCPU,
 		"tasks_per_cpu_sec": float64(deepCalls.Load()) / cpu.Seconds(),
 		"num_gc":            ms.NumGC,
 		"starting_stack":    readMetric("/gc/stack/starting-size:bytes"),

@@ -45,13 +45,16 @@ pub struct WorkerOptions {
     pub anon_mb: usize,
     #[arg(long)]
     pub file: PathBuf,
+    /// Print `GOSTW_WORK begin` / `GOSTW_WORK end` lines around the work.
+    #[arg(long)]
+    pub marks: bool,
 }
 
 const PAGE: usize = 4096;
 
 /// CPU time (user + system) of this process so far, in seconds: the cost
 /// of the fault path itself, less disturbed by other load than wall time.
-fn cpu_s() -> f64 {
+pub fn cpu_s() -> f64 {
     // SAFETY: getrusage fills the struct we pass.
     let ru = unsafe {
         let mut ru: libc::rusage = std::mem::zeroed();
@@ -65,6 +68,9 @@ fn cpu_s() -> f64 {
 /// Touch `anon_mb` of fresh anonymous memory, then every page of `file`
 /// after evicting it; print "minor_wall minor_cpu major_wall major_cpu majflt".
 pub fn worker(o: &WorkerOptions) -> anyhow::Result<()> {
+    if o.marks {
+        println!("GOSTW_WORK begin");
+    }
     let c = cpu_s();
     let t = Instant::now();
     let len = o.anon_mb << 20;
@@ -119,12 +125,27 @@ pub fn worker(o: &WorkerOptions) -> anyhow::Result<()> {
     };
     let major = t.elapsed();
     let major_cpu = cpu_s() - c;
+    if o.marks {
+        println!("GOSTW_WORK end");
+    }
     println!(
         "{:.6} {minor_cpu:.6} {:.6} {major_cpu:.6} {} {sum}",
         minor.as_secs_f64(),
         major.as_secs_f64(),
         majflt() - before
     );
+    Ok(())
+}
+
+/// Write `mb` MiB of non-zero bytes to `path` and sync them (pages the
+/// worker's major faults read back).
+pub fn write_file(path: &Path, mb: usize) -> anyhow::Result<()> {
+    let mut f = fs::File::create(path).context("creating the bench file")?;
+    let block: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8 + 1).collect();
+    for _ in 0..mb {
+        f.write_all(&block)?;
+    }
+    f.sync_all()?;
     Ok(())
 }
 
@@ -228,13 +249,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
         std::process::id()
     ));
     let result = (|| -> anyhow::Result<()> {
-        let mut f = fs::File::create(&file).context("creating the bench file")?;
-        let block: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8 + 1).collect();
-        for _ in 0..o.file_mb {
-            f.write_all(&block)?;
-        }
-        f.sync_all()?;
-        drop(f);
+        write_file(&file, o.file_mb)?;
         step(&format!(
             "{} runs each, interleaved: {} MiB anonymous (minor faults), {} MiB file (major faults)",
             o.runs, o.anon_mb, o.file_mb

@@ -23,7 +23,7 @@ struct Config {
 }
 
 pub fn run(opts: &Options) -> anyhow::Result<()> {
-    let (rounds, seconds) = (opts.rounds as usize, opts.seconds);
+    let (rounds, seconds) = (opts.rounds() as usize, opts.seconds);
     let Some(toolchain) = go::toolchain(&opts.go) else {
         bail!("Go {} is not in the matrix", opts.go);
     };

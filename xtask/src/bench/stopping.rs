@@ -67,11 +67,12 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     ];
     step(&format!(
         "{} rounds of untraced, --no-stopping, stopping on (Go {})",
-        opts.rounds, opts.go
+        opts.rounds(),
+        opts.go
     ));
     let records = std::env::temp_dir().join("gostw-bench-stopping.jsonl");
     let mut runs: [Vec<Run>; 3] = Default::default();
-    for round in 1..=opts.rounds {
+    for round in 1..=opts.rounds() {
         for (i, (name, extra)) in CONFIGS.iter().enumerate() {
             let mut cmd = if i == 0 {
                 Command::new(&workload)
@@ -114,7 +115,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             med(i, &|r: &Run| r.gc_median_ns) / 1e3,
             med(i, &|r: &Run| r.other_median_ns) / 1e3,
             med(i, &|r: &Run| r.gc_stopping_median_ns) / 1e3,
-            opts.rounds
+            opts.rounds()
         );
     }
     println!(

@@ -1,0 +1,3 @@
+module gostw.test/alloc
+
+go 1.19
