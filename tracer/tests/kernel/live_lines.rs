@@ -61,7 +61,10 @@ fn pause_lines_appear_within_100ms_of_the_pause() {
         q(1.0)
     );
     // A loaded 2-core machine can starve any process for a moment: every
-    // line but the slowest 5% within 100 ms, and the median well inside.
+    // line but the slowest 5% within 100 ms. A pause is held for the
+    // correlator's grace (50 ms: faults that began inside it and end after
+    // its event) and the reader drains every 20 ms, so the median is at most
+    // about their sum.
     assert!(q(0.95) <= 100.0, "p95 {:.1} ms", q(0.95));
-    assert!(q(0.5) <= 50.0, "median {:.1} ms", q(0.5));
+    assert!(q(0.5) <= 75.0, "median {:.1} ms", q(0.5));
 }
