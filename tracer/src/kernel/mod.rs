@@ -434,6 +434,7 @@ impl Kernel for Core {
             .object
             .forget(pid)
             .and_then(|()| stacks::forget_process(&mut self.object, pid))
+            .and_then(|()| explain::forget(&mut self.object, pid))
         {
             log::warn!("forgetting pid {pid}: {e:#}");
         }

@@ -134,7 +134,7 @@ impl Object {
                 probe: probe as u32,
             });
         }
-        super::explain::forget(self, tgid)
+        Ok(())
     }
 
     /// How many times `probe` fired in process `tgid`.

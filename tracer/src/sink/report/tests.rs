@@ -1,0 +1,109 @@
+//! Unit tests of the report sink: live records, the summary and its text.
+use std::{cell::RefCell, rc::Rc};
+
+use super::*;
+use crate::{
+    engine::{
+        correlate::tests_support::record,
+        observed::{Observed, ObservedPause},
+    },
+    targets::labels::ProcessLabels,
+};
+
+#[derive(Clone, Default)]
+struct Buf(Rc<RefCell<Vec<u8>>>);
+impl Write for Buf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.borrow_mut().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn started(pid: u32) -> Observed {
+    Observed::Started(Arc::new(ProcessInfo {
+        pid,
+        exe: "/x".into(),
+        labels: ProcessLabels {
+            executable: "x".into(),
+            go_version: "go1.26.6".into(),
+            build_id: String::new(),
+            container: String::new(),
+        },
+        go_version: "go1.26.6".into(),
+        image: None,
+    }))
+}
+
+fn pause(pid: u32, reason: u32, d: u64) -> Observed {
+    let mut r = record(pid, 200, d);
+    r.reason_code = reason;
+    r.reason = crate::engine::pause::StwReason(reason).id();
+    Observed::Pause(ObservedPause {
+        record: r,
+        faults: Vec::new(),
+    })
+}
+
+#[test]
+fn threshold_filters_live_records_and_summary_has_every_pause() {
+    let buf = Buf::default();
+    let mut sink = ReportSink::new(
+        View::Trace,
+        Output::new(Box::new(buf.clone()), true, 1_000),
+        false,
+        None,
+    );
+    sink.observe(&started(9));
+    for (reason, d) in [(2, 500), (2, 5_000), (7, 2_000)] {
+        sink.observe(&pause(9, reason, d));
+    }
+    sink.observe(&Observed::ExitStatus { pid: 9, code: 0 });
+    sink.observe(&Observed::KernelCounters(vec![
+        (Counter::RingbufFull, 2),
+        (Counter::RingbufFullPause, 2),
+    ]));
+    sink.finish(1).unwrap();
+    let text = String::from_utf8(buf.0.borrow().clone()).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines[0]["type"], "pause");
+    assert_eq!(lines[0]["duration_ns"], 5_000);
+    let sum = &lines[2];
+    assert_eq!(sum["type"], "summary");
+    let proc0 = &sum["processes"][0];
+    assert_eq!(
+        (proc0["pid"].as_u64(), proc0["exit_code"].as_i64()),
+        (Some(9), Some(0))
+    );
+    assert_eq!(proc0["pauses"], 3);
+    assert_eq!(proc0["by_reason"][0]["reason"], "gc_sweep_termination");
+    assert_eq!(proc0["by_reason"][0]["count"], 2);
+    assert_eq!(proc0["by_reason"][0]["max_ns"], 5_000);
+    assert_eq!(proc0["by_reason"][1]["reason"], "read_mem_stats");
+    assert_eq!(sum["lost"]["total"], 2);
+    assert_eq!(sum["lost"]["kernel"]["ringbuf_full"], 2);
+    assert_eq!(sum["lost"]["kernel"]["ringbuf_full_pause"], 2);
+}
+
+#[test]
+fn text_summary_names_reasons_and_losses() {
+    let mut sink = ReportSink::new(
+        View::Trace,
+        Output::new(Box::new(std::io::sink()), false, 0),
+        false,
+        None,
+    );
+    sink.observe(&started(3));
+    sink.observe(&pause(3, 1, 40_000));
+    sink.observe(&Observed::KernelCounters(vec![(Counter::MapFull, 0)]));
+    let t = summary_text(&sink.summary(1_000_000_000));
+    assert!(t.contains("GC mark termination"), "{t}");
+    assert!(t.contains("40.0 us"), "{t}");
+    assert!(t.contains("events lost: 0\n"), "{t}");
+}
