@@ -58,7 +58,7 @@ pub struct StacksArgs {
     event_every: u32,
     /// Goroutine count for the memory estimate (e.g. from the program's
     /// /sched/goroutines:goroutines); default: the process's peak
-    /// (runtime.allglen), else the goroutines seen growing.
+    /// (goroutines alive in runtime.allgs), else unknown.
     #[arg(long)]
     goroutines: Option<u64>,
     #[command(flatten)]

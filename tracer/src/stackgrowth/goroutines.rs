@@ -126,7 +126,8 @@ struct Target {
 }
 
 impl Target {
-    /// Goroutines alive now (`allglen` without `g.atomicstatus`).
+    /// Goroutines alive now (`allglen` without `g.atomicstatus`); `None`
+    /// when the process cannot be read (any more).
     fn count(&self) -> Option<u64> {
         let allglen = self.allglen()?;
         let (Some(allgs), Some(status)) = (self.allgs, self.status) else {
@@ -135,9 +136,10 @@ impl Target {
         if allglen > MAX_WALK {
             return Some(allglen);
         }
-        let Some(alive) = self.live(allgs, allglen, status) else {
-            return Some(allglen);
-        };
+        // A failed walk is no sample (the process is exiting, say): allglen
+        // would put the cached dead g's into the peak (103 for a server of
+        // 37), not stand in for the count.
+        let alive = self.live(allgs, allglen, status)?;
         // The statuses were read by pid: make sure it is still this process.
         self.read(self.allglen)?;
         Some(alive)
