@@ -177,6 +177,13 @@ pub fn run(rounds: u32, go_version: &str, o: &OverheadOptions) -> anyhow::Result
     result
 }
 
+/// The median of `v` (the upper one of an even count; NaN when empty).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// Build workload `name` of scripts/workloads with `toolchain`.
 fn build_workload(toolchain: go::Toolchain, version: &str, name: &str) -> anyhow::Result<PathBuf> {
     step(&format!("build the {name} workload with Go {version}"));
