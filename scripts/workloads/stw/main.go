@@ -20,6 +20,7 @@ var (
 	sink         [][]byte
 	allocatedMiB int
 	elapsed      time.Duration
+	workCPUNs    int64
 )
 
 func main() {
@@ -30,12 +31,17 @@ func main() {
 	liveMB := flag.Int("live-mb", 16, "MiB of live heap kept throughout")
 	duration := flag.Duration("duration", 0, "keep allocating until this much time has passed")
 	exitCode := flag.Int("exit-code", 0, "exit with this code after the report")
+	marks := flag.Bool("marks", false, "print GOSTW_WORK begin/end lines around the timed work (for benchmarks)")
 	flag.Parse()
 
 	live := make([][]byte, 0, *liveMB*16)
 	for i := 0; i < *liveMB*16; i++ {
 		live = append(live, make([]byte, 64<<10))
 	}
+	if *marks {
+		fmt.Println("GOSTW_WORK begin")
+	}
+	cpuStart := cpuNs()
 	start := time.Now()
 	deadline := start.Add(*duration)
 	for round := 0; round == 0 || time.Now().Before(deadline); round++ {
@@ -49,6 +55,10 @@ func main() {
 	}
 	runtime.KeepAlive(live)
 	elapsed = time.Since(start)
+	workCPUNs = cpuNs() - cpuStart
+	if *marks {
+		fmt.Println("GOSTW_WORK end")
+	}
 	report()
 	os.Exit(*exitCode)
 }
@@ -201,6 +211,7 @@ func report() {
 		"elapsed_ns":     elapsed.Nanoseconds(),
 		"cpu_ns":         cpuNs(),
 		"histograms":     hist,
+		"work_cpu_ns":    workCPUNs,
 	}
 	b, _ := json.Marshal(out)
 	fmt.Printf("GOSTW_REPORT %s\n", b)

@@ -62,6 +62,31 @@ pub struct ProgStat {
     pub run_ns: u64,
 }
 
+/// gostw's programs whose names the kernel cuts at 15 bytes.
+const LONG_NAMES: &[&str] = &[
+    "fault_kp_filemap_entry",
+    "fault_kp_filemap_ret",
+    "fault_kp_lock_entry",
+    "fault_kp_lock_ret",
+    "fault_kp_swap_entry",
+    "fault_kp_swap_read",
+    "fault_kp_swap_ret",
+    "fault_perf_major",
+    "fault_tp_bio_queue",
+    "fault_tp_filemap",
+];
+
+/// The full name of a gostw program from the kernel's cut one.
+fn full_name(kernel: String) -> String {
+    match LONG_NAMES
+        .iter()
+        .find(|n| n.starts_with(&kernel) && kernel.len() == 15)
+    {
+        Some(n) => (*n).to_owned(),
+        None => kernel,
+    }
+}
+
 /// The kernel's name of program `id` (at most 15 bytes).
 fn prog_name(id: u32) -> Option<String> {
     let mut attr = [0u64; 16];
@@ -126,7 +151,7 @@ impl Reader {
             let name = self
                 .names
                 .entry(id)
-                .or_insert_with(|| prog_name(id).unwrap_or_else(|| format!("id {id}")))
+                .or_insert_with(|| prog_name(id).map_or_else(|| format!("id {id}"), full_name))
                 .clone();
             out.insert(
                 id,
@@ -187,6 +212,8 @@ mod tests {
                     run_time_ns:\t141541231\nrun_cnt:\t365142\nrecursion_misses:\t0\n";
         assert_eq!(parse_fdinfo(text), Some((115, 5, 141541231, 365142)));
         assert_eq!(parse_fdinfo("pos:\t0\n"), None);
+        assert_eq!(full_name("fault_tp_bio_qu".into()), "fault_tp_bio_queue");
+        assert_eq!(full_name("fault_tp_user".into()), "fault_tp_user");
         let stat = |name: &str, runs, run_ns| ProgStat {
             name: name.into(),
             prog_type: 5,

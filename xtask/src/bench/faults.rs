@@ -54,7 +54,7 @@ const PAGE: usize = 4096;
 
 /// CPU time (user + system) of this process so far, in seconds: the cost
 /// of the fault path itself, less disturbed by other load than wall time.
-pub fn cpu_s() -> f64 {
+fn cpu_s() -> f64 {
     // SAFETY: getrusage fills the struct we pass.
     let ru = unsafe {
         let mut ru: libc::rusage = std::mem::zeroed();

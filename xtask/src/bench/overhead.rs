@@ -1,11 +1,13 @@
 //! `cargo xtask bench overhead`: what tracing costs, side by side with the
 //! bpftrace script that watches the same events, in one interleaved run.
 //!
-//! Three fixed-work workloads, each timing its own work from inside
+//! Four fixed-work workloads, each timing its own work from inside
 //! (start-up, warm-up and attach excluded; `GOSTW_WORK begin/end` lines mark
-//! the window): the allocation-heavy `alloc` Go workload, the stack-growth
-//! storm of `stackgrowth -mode batch` (one new goroutine per task, each
-//! growing its stack once), and a page-fault-heavy program that is not Go
+//! the window): the allocation-heavy `alloc` Go workload, a pause storm
+//! (`stw`: 64 KiB garbage objects over a 4 MiB live heap, hundreds of
+//! stop-the-world pauses a second, where every uprobe hit counts), the
+//! stack-growth storm of `stackgrowth -mode batch` (one new goroutine per
+//! task, each growing its stack once), and a page-fault-heavy program that is not Go
 //! and not traced (the fault worker), run while gostw or bpftrace trace an
 //! idle Go process: untraced processes should pay nothing. Every
 //! configuration runs once per round, in an order that rotates each round;
@@ -42,6 +44,10 @@ pub struct OverheadOptions {
     /// Requests of the allocation-heavy workload.
     #[arg(long, default_value_t = 400_000)]
     pub alloc_ops: u32,
+    /// MiB of 64 KiB garbage objects the pause storm allocates (4 MiB live
+    /// heap: a GC cycle every few milliseconds).
+    #[arg(long, default_value_t = 12_000)]
+    pub storm_mb: u32,
     /// Tasks (goroutines, one stack growth each) of the stack-growth storm.
     #[arg(long, default_value_t = 200_000)]
     pub stack_tasks: u32,
@@ -78,6 +84,7 @@ pub fn run(rounds: u32, go_version: &str, o: &OverheadOptions) -> anyhow::Result
     let gostw = demo::build_gostw_release()?;
     let alloc = build_workload(toolchain, go_version, "alloc")?;
     let stackgrowth = build_workload(toolchain, go_version, "stackgrowth")?;
+    let stw = build_workload(toolchain, go_version, "stw")?;
     let file = PathBuf::from(format!(
         "/var/tmp/gostw-bench-overhead-{}.dat",
         std::process::id()
@@ -91,6 +98,22 @@ pub fn run(rounds: u32, go_version: &str, o: &OverheadOptions) -> anyhow::Result
                 "allocation-heavy",
                 &alloc,
                 &["-ops", &o.alloc_ops.to_string()],
+            ),
+            Workload::go(
+                "pause storm",
+                &stw,
+                &[
+                    "-gc",
+                    "0",
+                    "-readmemstats",
+                    "0",
+                    "-gomaxprocs",
+                    "0",
+                    "-live-mb",
+                    "4",
+                    "-alloc-mb",
+                    &o.storm_mb.to_string(),
+                ],
             ),
             Workload::go(
                 "stack-growth storm",
@@ -152,6 +175,13 @@ pub fn run(rounds: u32, go_version: &str, o: &OverheadOptions) -> anyhow::Result
     })();
     let _ = std::fs::remove_file(&file);
     result
+}
+
+/// The median of `v` (the upper one of an even count; NaN when empty).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Build workload `name` of scripts/workloads with `toolchain`.

@@ -4,17 +4,10 @@
 use std::collections::BTreeMap;
 
 use super::{
-    OverheadOptions,
+    OverheadOptions, median,
     run::{Cell, RunResult, Tracer, Trap, Workload},
 };
 use crate::bench::bpf::PROG_TYPE_KPROBE;
-
-/// The median of `v` (the upper one of an even count).
-pub fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
 
 fn min_max(v: &[f64]) -> (f64, f64) {
     v.iter()
@@ -216,6 +209,7 @@ mod tests {
     #[test]
     fn medians_and_ranges() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert!(median(&[]).is_nan());
         assert_eq!(min_max(&[3.0, 1.0, 2.0]), (1.0, 3.0));
         assert_eq!(spread(&[1.0, 2.0, 4.0]), "2.000 [1.000-4.000]");
     }

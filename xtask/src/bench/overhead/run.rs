@@ -472,7 +472,7 @@ pub fn trap_worker(o: &TrapWorkerOptions) -> anyhow::Result<()> {
         println!("GOSTW_WORK end");
     }
     std::hint::black_box(&sweep);
-    println!("{:.1} {x}", super::report::median(&took));
+    println!("{:.1} {x}", super::median(&took));
     Ok(())
 }
 
@@ -542,7 +542,7 @@ pub fn measure_trap(calls: u32) -> anyhow::Result<Trap> {
         calls / 10
     ));
     let mut reader = Reader::default();
-    let m = super::report::median;
+    let m = super::median;
     let [plain, probed, prog] = trap_runs(calls, 0, &mut reader)?;
     let hot = (m(&probed) - m(&plain) - m(&prog), m(&prog));
     let [cplain, cprobed, cprog] = trap_runs(calls / 10, 4096, &mut reader)?;
