@@ -3,8 +3,13 @@
 //! so processes that are not traced pay only that lookup.
 #![no_std]
 #![no_main]
+// The BPF target has atomic add but no compare-and-swap, so core's atomic
+// types offer no fetch_add; the intrinsic compiles to BPF's atomic add.
+#![feature(core_intrinsics)]
+#![expect(internal_features, reason = "atomic_xadd, see above")]
 
 mod explain;
+mod explain_sched;
 mod fault;
 mod fault_kprobe;
 mod fault_tracepoint;

@@ -6,13 +6,16 @@
 //! their target, their options and their sink.
 //!
 //! - `event`: decoding raw records; `reader`: the async ring-buffer reader.
-//! - `pause`, `fault`: what a pause and a fault are; `caller`: who asked.
+//! - `pause`, `fault`: what a pause and a fault are; `caller`: who asked;
+//!   `explain`, `breakdown`: why it took as long as it did.
 //! - `correlate`: which faults belong to which pause (the one rule).
 //! - `stream`: the pure pipeline; `observed`: what it produces.
 
+pub mod breakdown;
 pub mod caller;
 pub mod correlate;
 pub mod event;
+pub mod explain;
 pub mod fault;
 pub mod observed;
 pub mod pause;
@@ -141,6 +144,9 @@ impl Engine {
         );
         if opts.faults.is_some() {
             stream.set_stack_source(Box::new(core.object().take_fault_stacks()?));
+        }
+        if opts.explain {
+            stream.set_pause_stack_source(Box::new(core.object().take_pause_stacks()?));
         }
         Ok(Engine {
             tracker: Tracker::new(core, limits),

@@ -68,8 +68,8 @@ pub enum Observed {
     Exited { pid: u32, last_of_labels: bool },
     /// A process's exit status, when gostw started it.
     ExitStatus { pid: u32, code: i32 },
-    /// A pause and its faults.
-    Pause(ObservedPause),
+    /// A pause and its faults (boxed: its record is by far the largest).
+    Pause(Box<ObservedPause>),
     /// A major fault that is not part of a pause record.
     Fault(Fault, Membership),
     /// A stack growth event (exact) or sample (sampled).

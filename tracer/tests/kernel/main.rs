@@ -10,6 +10,7 @@ mod backend_agreement;
 mod binary_analysis;
 mod callers;
 mod faults;
+mod laggards;
 mod pauses;
 mod stack_growth;
 mod stopping;
