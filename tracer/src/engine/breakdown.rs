@@ -7,15 +7,18 @@
 //!   stopped, its own time says why: `stopping_on_cpu_ns` (running code
 //!   that reached no safe point), `stopping_fault_ns` (blocked in a major
 //!   fault), `stopping_runnable_ns` (preempted or throttled, waiting for a
-//!   CPU), `stopping_blocked_ns` (asleep otherwise). From then until the end
+//!   CPU), `stopping_blocked_ns` (asleep otherwise), with its time inside
+//!   faults counted as faults the same way as below. From then until the end
 //!   of stopping, the stopping thread's reaction: its wait for a CPU after
 //!   being woken (`off_cpu_runnable_ns`) and its running (`on_cpu_ns`).
 //!   With no laggard seen, the stopping thread's own time: runnable and
 //!   running as above, its sleep (waiting on threads gostw did not see) is
 //!   `unexplained_ns`.
-//! - stopped: the stopping thread alone: `faults_ns` (blocked in its major
-//!   faults), `off_cpu_blocked_ns` (blocked otherwise), `off_cpu_runnable_ns`
-//!   (waiting for a CPU: preempted, CFS-throttled, woken but not running),
+//! - stopped: the stopping thread alone: `faults_ns` (inside its major
+//!   faults, begin to end: exact, from the fault events),
+//!   `off_cpu_blocked_ns` (blocked outside them), `off_cpu_runnable_ns`
+//!   (waiting for a CPU: preempted, CFS-throttled, woken but not running;
+//!   runnable time that fits inside the faults is taken as theirs),
 //!   `on_cpu_ns` (running: no off-CPU interval covers it; the scheduler
 //!   programs see every switch of that thread while they are attached).
 //!
@@ -94,8 +97,9 @@ pub struct Inputs<'a> {
     pub stopping_ns: u64,
     pub laggard: Option<LaggardTime>,
     pub stopper: &'a StopperTime,
-    /// Blocked time of the stopping thread's major faults that began in the
-    /// stopped phase.
+    /// The stopping thread's time inside major faults in the stopped phase
+    /// (begin to end), and the blocked part of it.
+    pub stopper_fault_ns: u64,
     pub stopper_fault_blocked_ns: u64,
 }
 
@@ -142,10 +146,16 @@ pub fn compute(i: &Inputs) -> Breakdown {
     let later = &i.stopper.by_phase[1..];
     let runnable: u64 = later.iter().map(|o| o.runnable_ns).sum();
     let blocked: u64 = later.iter().map(|o| o.blocked_ns).sum();
-    b.off_cpu_runnable_ns += p.take(runnable);
-    let faults = i.stopper_fault_blocked_ns.min(blocked);
-    b.faults_ns = p.take(faults);
-    b.off_cpu_blocked_ns = p.take(blocked - faults);
+    // Time inside faults is exact (the fault events); the scheduler's
+    // blocked time inside them is their blocked part, and the rest of a
+    // fault (handling it, waiting to run again) is taken as the runnable
+    // time that fits in it.
+    let fault = i.stopper_fault_ns;
+    let fault_blocked = i.stopper_fault_blocked_ns.min(fault).min(blocked);
+    let fault_runnable = runnable.min(fault - fault_blocked);
+    b.faults_ns = p.take(fault);
+    b.off_cpu_blocked_ns = p.take(blocked - fault_blocked);
+    b.off_cpu_runnable_ns += p.take(runnable - fault_runnable);
     b.on_cpu_ns += p.take(u64::MAX);
     b
 }
@@ -190,6 +200,7 @@ mod tests {
                 ..LaggardTime::default()
             }),
             stopper: &st,
+            stopper_fault_ns: 0,
             stopper_fault_blocked_ns: 0,
         });
         assert_eq!(b.stopping_on_cpu_ns, 19_400_000);
@@ -203,9 +214,10 @@ mod tests {
     #[test]
     fn throttling_and_faults_of_the_stopped_phase_are_parts() {
         // 10 ms pause, 1 ms stopping with a laggard throttled for 0.6 ms;
-        // then the stopping thread waits 5 ms for a CPU and 2 ms in faults
-        // (of 3 ms blocked).
-        let st = stopper((0, 0), (5 * MS, 3 * MS));
+        // then the stopping thread is 2.5 ms inside faults (2 ms of them
+        // blocked, 0.5 ms waiting to run again), blocked 1 ms otherwise and
+        // waits 5 ms for a CPU otherwise.
+        let st = stopper((0, 0), (5_500_000, 3 * MS));
         let b = compute(&Inputs {
             start_ns: 0,
             duration_ns: 10 * MS,
@@ -216,14 +228,15 @@ mod tests {
                 ..LaggardTime::default()
             }),
             stopper: &st,
+            stopper_fault_ns: 2_500_000,
             stopper_fault_blocked_ns: 2 * MS,
         });
         assert_eq!(b.stopping_runnable_ns, 600_000);
         assert_eq!(b.stopping_on_cpu_ns, 400_000);
         assert_eq!(b.off_cpu_runnable_ns, 5 * MS);
-        assert_eq!(b.faults_ns, 2 * MS);
+        assert_eq!(b.faults_ns, 2_500_000);
         assert_eq!(b.off_cpu_blocked_ns, MS);
-        assert_eq!(b.on_cpu_ns, MS);
+        assert_eq!(b.on_cpu_ns, 500_000);
         assert_eq!((b.unexplained_ns, b.total_ns()), (0, 10 * MS));
         assert_eq!(b.runnable_ns(), 5_600_000);
     }
@@ -237,9 +250,11 @@ mod tests {
             stopping_ns: 6 * MS,
             laggard: None,
             stopper: &st,
+            stopper_fault_ns: 0,
             stopper_fault_blocked_ns: 0,
         });
-        assert_eq!(b.off_cpu_runnable_ns, MS + 4 * MS);
+        assert_eq!(b.off_cpu_runnable_ns, MS);
+        assert_eq!(b.off_cpu_blocked_ns, 4 * MS);
         assert_eq!(b.unexplained_ns, 4 * MS);
         assert_eq!(b.on_cpu_ns, MS);
         assert_eq!(b.total_ns(), 10 * MS);

@@ -120,17 +120,22 @@ pub fn complete(rec: &mut PauseRecord, faults: &[Fault]) {
             blocked_ns: l.blocked_ns,
             stopper_off_before: *stopper_off,
         });
-        let stopper_fault_blocked_ns = faults
+        let stopper_faults: Vec<&Fault> = faults
             .iter()
             .filter(|f| f.tid == rec.tid && f.at_ns() >= finished)
-            .map(|f| f.blocked_ns)
+            .collect();
+        let stopper_fault_ns = stopper_faults
+            .iter()
+            .map(|f| overlap(f, finished, end))
             .sum();
+        let stopper_fault_blocked_ns = stopper_faults.iter().map(|f| f.blocked_ns).sum();
         rec.breakdown = Some(Box::new(breakdown::compute(&breakdown::Inputs {
             start_ns: start,
             duration_ns: rec.duration_ns,
             stopping_ns: finished - start,
             laggard: critical,
             stopper: &input.stopper,
+            stopper_fault_ns,
             stopper_fault_blocked_ns,
         })));
         if let Some(stats) = &mut rec.faults {
@@ -156,22 +161,29 @@ fn laggard(
         .iter()
         .filter(|f| f.tid == l.tid && f.at_ns() < until && f.end_ns > start)
         .collect();
-    let fault_wait: u64 = mine.iter().map(|f| f.blocked_ns).sum();
-    // Its followed blocked time, and the time off the CPU before it was
-    // followed: a fault's wait where one overlaps, else waiting to run (it
-    // held a P, so it was not asleep by choice).
+    // Time inside its faults is exact; their blocked part is in its
+    // followed blocked time, the rest of them (handling, waiting to run
+    // again) is taken out of its runnable time and of the time off the CPU
+    // before it was followed (it held a P: waiting to run, or in a fault).
+    let in_fault: u64 = mine.iter().map(|f| overlap(f, start, until)).sum();
+    let in_fault = in_fault.min(ns);
+    let fault_blocked = mine
+        .iter()
+        .map(|f| f.blocked_ns)
+        .sum::<u64>()
+        .min(in_fault)
+        .min(l.off.blocked_ns);
+    let off_runnable = l.off.runnable_ns + l.unseen_off_ns;
+    let fault_runnable = off_runnable.min(in_fault - fault_blocked);
     let mut left = ns;
     let mut take = |v: u64| {
         let t = v.min(left);
         left -= t;
         t
     };
-    let off_blocked = take(l.off.blocked_ns);
-    let unseen = take(l.unseen_off_ns);
-    let runnable_off = take(l.off.runnable_ns);
-    let fault_ns = fault_wait.min(off_blocked + unseen);
-    let blocked_ns = off_blocked.saturating_sub(fault_ns);
-    let runnable_ns = runnable_off + unseen - fault_ns.saturating_sub(off_blocked);
+    let fault_ns = take(in_fault);
+    let blocked_ns = take(l.off.blocked_ns - fault_blocked);
+    let runnable_ns = take(off_runnable - fault_runnable);
     let on_cpu_ns = left;
     let state = [
         (LaggardStateName::OnCpu, on_cpu_ns),
@@ -199,6 +211,16 @@ fn laggard(
         frames,
     };
     (rec, until, l.stopper_off_at_out)
+}
+
+/// How much of fault `f` lies inside `[from, to)`.
+fn overlap(f: &Fault, from: u64, to: u64) -> u64 {
+    let end = if f.begin_ns == 0 {
+        f.end_ns
+    } else {
+        f.end_ns.max(f.begin_ns)
+    };
+    end.min(to).saturating_sub(f.at_ns().max(from))
 }
 
 /// `faults` by the phase of their beginning.

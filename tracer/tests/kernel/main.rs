@@ -11,6 +11,7 @@ mod binary_analysis;
 mod callers;
 mod faults;
 mod laggards;
+mod pageout_breakdown;
 mod pauses;
 mod stack_growth;
 mod stopping;
