@@ -69,6 +69,19 @@ impl Breakdown {
         self.largest().iter().map(|(_, ns)| ns).sum()
     }
 
+    /// Add `o` part by part (a summary's totals).
+    pub fn add(&mut self, o: &Breakdown) {
+        self.stopping_on_cpu_ns += o.stopping_on_cpu_ns;
+        self.stopping_fault_ns += o.stopping_fault_ns;
+        self.stopping_runnable_ns += o.stopping_runnable_ns;
+        self.stopping_blocked_ns += o.stopping_blocked_ns;
+        self.faults_ns += o.faults_ns;
+        self.off_cpu_runnable_ns += o.off_cpu_runnable_ns;
+        self.off_cpu_blocked_ns += o.off_cpu_blocked_ns;
+        self.on_cpu_ns += o.on_cpu_ns;
+        self.unexplained_ns += o.unexplained_ns;
+    }
+
     /// Time spent waiting for a CPU, the laggard's and the stopping thread's.
     pub fn runnable_ns(&self) -> u64 {
         self.stopping_runnable_ns + self.off_cpu_runnable_ns

@@ -40,6 +40,7 @@ use crate::{
     stackgrowth::goroutines,
     target::{
         Changes, Target,
+        cpu_throttle::ThrottleWatch,
         tracker::{Kernel, Limits, NotTraced, Tracker},
     },
 };
@@ -120,6 +121,9 @@ pub struct Engine {
     /// Peak goroutine counts read so far, per process (stack growth).
     goroutines: Vec<(u32, u64)>,
     stacks: bool,
+    /// Pauses are explained: report CPU cgroup throttling too.
+    explain: bool,
+    throttle: ThrottleWatch,
     out: Vec<Observed>,
 }
 
@@ -157,6 +161,8 @@ impl Engine {
             sampling: false,
             goroutines: Vec::new(),
             stacks: opts.stacks.is_some(),
+            explain: opts.explain,
+            throttle: ThrottleWatch::default(),
             out: Vec::new(),
         })
     }
@@ -420,6 +426,9 @@ impl Engine {
     }
 
     fn deliver(&mut self, sink: &mut dyn Sink) {
+        if self.explain {
+            self.throttle.annotate(&mut self.out);
+        }
         sink.observe_all(&self.out);
         self.out.clear();
     }

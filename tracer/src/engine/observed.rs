@@ -112,6 +112,12 @@ pub enum Observed {
     FaultBackend(BackendChoice),
     /// Faults were asked for but cannot be traced here: why.
     FaultsUnavailable(String),
+    /// A traced process's CPU cgroup was throttled this much while traced
+    /// (sent just before its `Exited`, where the group has a quota).
+    CpuThrottling {
+        pid: u32,
+        throttling: crate::target::cpu_throttle::CpuThrottling,
+    },
     /// A process's peak goroutine count rose (`runtime.allglen`).
     Goroutines { pid: u32, peak: u64 },
     /// The kernel-side health counters, cumulative.

@@ -263,6 +263,20 @@ fn pauses_of_a_throttled_cgroup_are_time_waiting_to_run() {
         slow.len()
     );
     assert!(throttled > 0, "the cgroup was never throttled");
+    // The summary carries the cgroup's own counters as evidence.
+    let summary = records(&stdout, "summary");
+    let c = &summary[0]["processes"][0]["cpu_throttling"];
+    assert!(
+        c["cgroup"]
+            .as_str()
+            .is_some_and(|g| g.contains("gostw-throttle")),
+        "no CPU cgroup in the summary: {c}"
+    );
+    assert!(
+        ns(&c["nr_throttled"]) > 0 && ns(&c["nr_throttled"]) <= throttled,
+        "{c}"
+    );
+    assert!(ns(&c["throttled_ns"]) > 0, "{c}");
     assert!(
         !slow.is_empty(),
         "no pause of 5 ms or more under a 20% quota"

@@ -120,6 +120,17 @@ pub fn summary_text(s: &Summary) -> String {
                 .map(|c| format!("; exited with code {c}"))
                 .unwrap_or_default()
         );
+        if let Some(c) = &p.cpu_throttling
+            && c.while_traced.nr_throttled > 0
+        {
+            let _ = writeln!(
+                t,
+                "  CPU cgroup {} throttled {} times while traced, {} in all (CFS quota)",
+                c.cgroup,
+                c.while_traced.nr_throttled,
+                fmt_ns(c.while_traced.throttled_ns)
+            );
+        }
         if p.by_reason.is_empty() {
             continue;
         }
@@ -163,6 +174,28 @@ pub fn summary_text(s: &Summary) -> String {
                 })
                 .collect();
             let _ = writeln!(t, "    {:<26} {}", r.name, sites.join(", "));
+        }
+        let explained: Vec<&super::ReasonSummary> = p
+            .by_reason
+            .iter()
+            .filter(|r| r.breakdown.is_some())
+            .collect();
+        if !explained.is_empty() {
+            let _ = writeln!(
+                t,
+                "  where the time went (largest parts, all pauses of a reason):"
+            );
+        }
+        for r in explained {
+            let b = r.breakdown.as_ref().expect("filtered");
+            let parts: Vec<String> = b
+                .total
+                .largest()
+                .iter()
+                .take(4)
+                .map(|(name, ns)| format!("{name} {}", fmt_ns(*ns)))
+                .collect();
+            let _ = writeln!(t, "    {:<26} {}", r.name, parts.join(", "));
         }
         let _ = writeln!(t, "  worst pauses:");
         for w in &p.worst {
