@@ -24,6 +24,8 @@ pub mod map_names {
     pub const STACK_SITES: &str = "STACK_SITES";
     pub const STACK_CONFIG: &str = "STACK_CONFIG";
     pub const PAUSE_DETAILS: &str = "PAUSE_DETAILS";
+    pub const PAUSE_THREADS: &str = "PAUSE_THREADS";
+    pub const PAUSE_STACKS: &str = "PAUSE_STACKS";
 }
 
 /// Names of the programs of the pause and stack-growth families (the fault

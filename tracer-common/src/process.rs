@@ -53,8 +53,45 @@ pub struct TracedProcess {
     pub flags: u32,
     /// Offsets (bytes) of the runtime fields the probes read.
     pub offsets: GoOffsets,
+    /// What the pause explanation reads of the runtime beyond `offsets`.
+    pub explain: ExplainRuntime,
 }
-assert_size!(TracedProcess, 8 + GoOffsets::SIZE);
+assert_size!(TracedProcess, 8 + GoOffsets::SIZE + ExplainRuntime::SIZE);
+
+/// Where the runtime keeps its Ms, for the `stopTheWorldWithSema` entry
+/// probe to list the threads running goroutines (the possible laggards).
+/// Optional: zero / `GoOffsets::UNKNOWN` where the binary does not say.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExplainRuntime {
+    /// Link-time address of `runtime.allm` (0: unknown, e.g. stripped).
+    pub allm: u64,
+    /// Link-time address of `runtime.stopTheWorldWithSema`: the probe's
+    /// own address minus this is the load bias (page-aligned).
+    pub stop_the_world: u64,
+    /// `m.alllink`, `m.p`.
+    pub m_alllink: u16,
+    pub m_p: u16,
+    pub _pad: [u16; 2],
+}
+assert_size!(ExplainRuntime, ExplainRuntime::SIZE);
+
+impl ExplainRuntime {
+    /// Size in bytes.
+    pub const SIZE: usize = 24;
+}
+
+impl Default for ExplainRuntime {
+    fn default() -> Self {
+        ExplainRuntime {
+            allm: 0,
+            stop_the_world: 0,
+            m_alllink: GoOffsets::UNKNOWN,
+            m_p: GoOffsets::UNKNOWN,
+            _pad: [0; 2],
+        }
+    }
+}
 
 impl TracedProcess {
     /// Version-dependent flag: the pause reason is `m.preemptoff` (Go 1.19/1.20),
@@ -122,9 +159,10 @@ impl Default for GoOffsets {
 
 #[cfg(feature = "user")]
 mod user {
-    // SAFETY: all three are #[repr(C)] plain integers with no implicit padding
+    // SAFETY: all four are #[repr(C)] plain integers with no implicit padding
     // (sizes asserted above), so any byte pattern is a valid value.
     unsafe impl aya::Pod for super::ProbeHitKey {}
     unsafe impl aya::Pod for super::TracedProcess {}
     unsafe impl aya::Pod for super::GoOffsets {}
+    unsafe impl aya::Pod for super::ExplainRuntime {}
 }

@@ -1,20 +1,27 @@
 //! What explains a pause, gathered while its window is open and sent as one
 //! `PauseDetail` just before the `PauseEvent` (see `tracer_common::explain`).
 //! `opened` runs in the `stopTheWorldWithSema` entry probe, before Go starts
-//! its clock; `send` in the RET probe of `startTheWorldWithSema`, after Go
-//! took its end time. Nothing here runs inside the pause.
+//! its clock; `stopped` in the probe at its RET (only when the stopping
+//! phase is read, see `stopping`); `send` in the RET probe of
+//! `startTheWorldWithSema`, after Go took its end time. The scheduler
+//! programs of `explain_sched` fill in the rest while the window is open.
+
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::{
     bindings::BPF_RB_NO_WAKEUP,
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::map,
-    maps::HashMap,
+    maps::{Array, HashMap, LruHashMap, StackTrace},
 };
 use tracer_common::{
     counters::Counter,
     event::{EventHeader, EventKind},
-    explain::{CALLER_FRAMES, PauseDetail},
-    process::GoOffsets,
+    explain::{
+        CALLER_FRAMES, CANDIDATES, Candidate, LAGGARDS, Laggard, MAX_MS, PHASE_STOPPED,
+        PHASE_STOPPING, PauseDetail, PauseThread, StopperTime,
+    },
+    process::{GoOffsets, TracedProcess},
 };
 
 use crate::{
@@ -27,20 +34,89 @@ use crate::{
 #[map]
 pub static PAUSE_DETAILS: HashMap<u32, PauseDetail> = HashMap::with_max_entries(4096, 0);
 
-/// The window of process `tgid` opened at `stop_ts_ns` on thread `tid`,
-/// whose g register (R14: `g0`, `stopTheWorldWithSema` runs on the system
-/// stack) is `g0`: reset its detail and record the caller.
+/// Threads followed inside a pause window, by tid (the stopping thread and
+/// the laggards). LRU: entries of finished windows age out.
+#[map]
+pub static PAUSE_THREADS: LruHashMap<u32, PauseThread> = LruHashMap::with_max_entries(8192, 0);
+
+/// User stacks of laggards, read and symbolized by user space.
+#[map]
+pub static PAUSE_STACKS: StackTrace = StackTrace::with_max_entries(4096, 0);
+
+/// Pause windows open now, all explained processes together. The scheduler
+/// programs return at once while it is 0. Only the probes change it, with
+/// atomic adds; a process that vanishes inside a pause leaves it one too
+/// high (the programs then do their lookups: slower, never wrong).
+#[map]
+pub static PAUSES_OPEN: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Whether any explained process is inside a pause.
 #[inline(always)]
-pub fn opened(tgid: u32, tid: u32, stop_ts_ns: u64, g0: u64, offsets: &GoOffsets) {
+pub fn any_open() -> bool {
+    PAUSES_OPEN.get(0).is_some_and(|n| *n != 0)
+}
+
+#[inline(always)]
+fn add_open(delta: u64) {
+    if let Some(n) = PAUSES_OPEN.get_ptr_mut(0) {
+        // SAFETY: a valid map value; the BPF atomic add.
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(n, delta) };
+    }
+}
+
+/// `bpf_ktime_get_ns`.
+#[inline(always)]
+pub fn now() -> u64 {
+    // SAFETY: no preconditions.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// The window of process `tgid` opened at `stop_ts_ns` on thread `tid`,
+/// at code address `ip` (the probe), with the g register (R14) `g0`
+/// (`stopTheWorldWithSema` runs on the system stack): reset its detail,
+/// record the caller and the threads running goroutines now.
+#[inline(always)]
+pub fn opened(tgid: u32, tid: u32, stop_ts_ns: u64, g0: u64, ip: u64, p: &TracedProcess) {
     let Some(d) = PAUSE_DETAILS.get_ptr_mut(tgid) else {
         return;
     };
     // SAFETY: this process's value; its pauses never overlap (`worldsema`)
     // and only user space deletes the entry.
     let d = unsafe { &mut *d };
+    if d.open == 0 {
+        d.open = 1;
+        add_open(1);
+    }
     d.stop_ts_ns = stop_ts_ns;
     d.stop_tid = tid;
-    d.caller_len = walk_caller(g0, offsets, &mut d.caller);
+    d.phase = PHASE_STOPPING;
+    d.stopped_ns = 0;
+    d.restart_ns = 0;
+    d.stopper = StopperTime::default();
+    d.nlaggards = 0;
+    d.laggards_dropped = 0;
+    let o = &p.offsets;
+    let curg = field(g0, o.g_m)
+        .and_then(|m| field(m, o.m_curg))
+        .unwrap_or(0);
+    d.caller_len = if curg != 0 && curg != g0 {
+        walk_caller(curg, o, &mut d.caller)
+    } else {
+        0
+    };
+    let x = &p.explain;
+    d.allm = if x.allm != 0 && x.stop_the_world != 0 {
+        // The probe sits at the function's entry (the trap may report one
+        // byte past it); PIE load biases are page-aligned.
+        x.allm
+            .wrapping_add(ip.wrapping_sub(x.stop_the_world) & !0xfff)
+    } else {
+        0
+    };
+    d.stopper_g = curg;
+    d.rewalked = 0;
+    d.ncandidates = 0;
+    walk_ms(d, p, tgid, stop_ts_ns);
 }
 
 /// The user goroutine's return addresses, innermost first, from the state
@@ -49,15 +125,8 @@ pub fn opened(tgid: u32, tid: u32, stop_ts_ns: u64, g0: u64, offsets: &GoOffsets
 /// from there is the whole stack. Before, it has none: sp is at the return
 /// address into its caller and bp is that caller's frame pointer.
 #[inline(always)]
-fn walk_caller(g0: u64, o: &GoOffsets, out: &mut [u64; CALLER_FRAMES]) -> u32 {
-    let Some(curg) = field(g0, o.g_m).and_then(|m| field(m, o.m_curg)) else {
-        count(Counter::ReadUserFailed);
-        return 0;
-    };
-    if curg == 0 || curg == g0 {
-        return 0;
-    }
-    let (Some(lo), Some(hi), Some(sp), Some(mut bp)) = (
+fn walk_caller(curg: u64, o: &GoOffsets, out: &mut [u64; CALLER_FRAMES]) -> u32 {
+    let (Some(lo), Some(hi), Some(sp), Some(bp)) = (
         field(curg, o.g_stack_lo),
         field(curg, o.g_stack_hi),
         field(curg, o.g_sched_sp),
@@ -69,7 +138,7 @@ fn walk_caller(g0: u64, o: &GoOffsets, out: &mut [u64; CALLER_FRAMES]) -> u32 {
     if sp < lo || sp + 8 > hi {
         return 0;
     }
-    let mut n = 0u32;
+    let mut n = 0usize;
     if sp != bp {
         let Some(first) = read::<u64>(sp) else {
             return 0;
@@ -77,8 +146,16 @@ fn walk_caller(g0: u64, o: &GoOffsets, out: &mut [u64; CALLER_FRAMES]) -> u32 {
         out[0] = first;
         n = 1;
     }
+    fp_walk(bp, lo, hi, out, n)
+}
+
+/// Follow the frame-pointer chain from `bp` inside the stack `[lo, hi)`,
+/// filling `out` from index `n`; returns how many slots are filled.
+#[inline(always)]
+fn fp_walk<const N: usize>(mut bp: u64, lo: u64, hi: u64, out: &mut [u64; N], n: usize) -> u32 {
+    let mut filled = n as u32;
     // amd64 frame: [bp] = the caller's bp, [bp+8] = the return address.
-    for slot in out.iter_mut().skip(n as usize) {
+    for slot in out.iter_mut().skip(n) {
         if bp < lo || bp + 16 > hi {
             break;
         }
@@ -86,14 +163,161 @@ fn walk_caller(g0: u64, o: &GoOffsets, out: &mut [u64; CALLER_FRAMES]) -> u32 {
             break;
         };
         *slot = pair[1];
-        n += 1;
+        filled += 1;
         // Frames go up the stack; anything else is a broken chain.
         if pair[0] <= bp {
             break;
         }
         bp = pair[0];
     }
-    n
+    filled
+}
+
+/// Add the Ms (`runtime.allm`, linked by `m.alllink`) that hold a P right
+/// now, other than the stopping one, to the candidates (or update the
+/// goroutine of one already there): the threads that can delay the stop.
+/// A new one may be off the CPU already (preempted, throttled): its first
+/// switch-in then closes an interval that began at `since`. Reads the
+/// current process's memory: call it in a thread of process `tgid`.
+#[inline(always)]
+pub fn walk_ms(d: &mut PauseDetail, p: &TracedProcess, tgid: u32, since: u64) {
+    d.ms_walked = 0;
+    let (o, x) = (&p.offsets, &p.explain);
+    if d.allm == 0 || x.m_alllink == GoOffsets::UNKNOWN {
+        return;
+    }
+    let Some(mut m) = read::<u64>(d.allm) else {
+        count(Counter::ReadUserFailed);
+        return;
+    };
+    for _ in 0..MAX_MS {
+        if m == 0 {
+            break;
+        }
+        d.ms_walked += 1;
+        let curg = field(m, o.m_curg).unwrap_or(0);
+        // Without m.p, a goroutine on the M is the sign it runs.
+        let holds_p = if x.m_p == GoOffsets::UNKNOWN {
+            curg != 0
+        } else {
+            field(m, x.m_p).is_some_and(|pp| pp != 0)
+        };
+        if holds_p
+            && curg != d.stopper_g
+            && let Some(procid) = field(m, o.m_procid)
+            && procid as u32 != d.stop_tid
+        {
+            add_candidate(d, procid as u32, m, curg, tgid, since);
+        }
+        m = field(m, x.m_alllink).unwrap_or(0);
+    }
+}
+
+#[inline(always)]
+fn add_candidate(d: &mut PauseDetail, tid: u32, m: u64, g: u64, tgid: u32, since: u64) {
+    let n = d.ncandidates as usize;
+    for i in 0..CANDIDATES {
+        if i >= n {
+            break;
+        }
+        if d.candidates[i].tid == tid {
+            // The last goroutine seen on it.
+            if g != 0 {
+                d.candidates[i].g = g;
+            }
+            return;
+        }
+    }
+    if n >= CANDIDATES {
+        return;
+    }
+    d.candidates[n] = Candidate { tid, _pad: 0, m, g };
+    d.ncandidates += 1;
+    let t = PauseThread {
+        tgid,
+        slot: PauseThread::NO_SLOT,
+        stop_ts_ns: d.stop_ts_ns,
+        off_since_ns: since,
+        off_phase: PHASE_STOPPING,
+        flags: Laggard::CANDIDATE | Laggard::OFF_AT_START,
+        ..PauseThread::default()
+    };
+    if PAUSE_THREADS.insert(tid, t, 0).is_err() {
+        count(Counter::MapFull);
+    }
+}
+
+/// Every P of `tgid` stopped at `finished_ns` (Go's `finishedStopping`).
+#[inline(always)]
+pub fn stopped(tgid: u32, finished_ns: u64) {
+    if let Some(d) = PAUSE_DETAILS.get_ptr_mut(tgid) {
+        // SAFETY: as in `opened`.
+        unsafe {
+            if (*d).open != 0 && (*d).phase == PHASE_STOPPING {
+                (*d).phase = PHASE_STOPPED;
+                (*d).stopped_ns = finished_ns;
+            }
+        }
+    }
+}
+
+/// A laggard's goroutine left its thread: its saved stack (`g.sched`, as
+/// `morestack`, `mcall` or `systemstack` left it) into `l`.
+#[inline(always)]
+pub fn goroutine_frames(g: u64, o: &GoOffsets, l: &mut Laggard) {
+    let (Some(lo), Some(hi), Some(pc), Some(sp), Some(bp)) = (
+        field(g, o.g_stack_lo),
+        field(g, o.g_stack_hi),
+        field(g, o.g_sched_pc),
+        field(g, o.g_sched_sp),
+        field(g, o.g_sched_bp),
+    ) else {
+        return;
+    };
+    l.frames[0] = pc;
+    // After a preemption at a function's stack check, sp is at the return
+    // address into its caller; elsewhere the word there is not a return
+    // address, and user space drops it when it names no function.
+    l.frames[1] = if sp >= lo && sp + 8 <= hi {
+        read::<u64>(sp).unwrap_or(0)
+    } else {
+        0
+    };
+    l.nframes = fp_walk(bp, lo, hi, &mut l.frames, 2);
+    l.goid = field(g, o.g_goid).unwrap_or(0);
+    l.flags |= Laggard::GOROUTINE_FRAMES;
+}
+
+/// The laggard slot of `tid` in `d`: its own, a free one, or the one of the
+/// laggard that left the CPU earliest (counted as dropped).
+#[inline(always)]
+pub fn laggard_slot(d: &mut PauseDetail, tid: u32) -> usize {
+    let n = (d.nlaggards as usize).min(LAGGARDS);
+    let mut earliest = 0;
+    for i in 0..LAGGARDS {
+        if i >= n {
+            break;
+        }
+        if d.laggards[i].tid == tid {
+            return i;
+        }
+        if d.laggards[i].last_out_ns < d.laggards[earliest].last_out_ns {
+            earliest = i;
+        }
+    }
+    let slot = if n < LAGGARDS {
+        d.nlaggards += 1;
+        n
+    } else {
+        d.laggards_dropped += 1;
+        earliest
+    };
+    d.laggards[slot] = Laggard {
+        tid,
+        user_stack_id: -1,
+        ..Laggard::default()
+    };
+    slot
 }
 
 /// The window of `tgid` closes on thread `tid`: send its detail (without a
@@ -105,13 +329,17 @@ pub fn send(tgid: u32, tid: u32) {
     };
     // SAFETY: as in `opened`.
     let d = unsafe { &mut *d };
+    if d.open != 0 {
+        d.open = 0;
+        add_open(u64::MAX);
+    }
     d.header = EventHeader {
         kind: EventKind::PauseDetail as u32,
         tgid,
         tid,
         // SAFETY: helpers with no arguments.
         cpu: unsafe { bpf_get_smp_processor_id() },
-        ts_ns: unsafe { bpf_ktime_get_ns() },
+        ts_ns: now(),
     };
     if EVENTS
         .output::<PauseDetail>(&*d, BPF_RB_NO_WAKEUP as u64)

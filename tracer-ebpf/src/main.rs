@@ -9,6 +9,7 @@
 #![expect(internal_features, reason = "atomic_xadd, see above")]
 
 mod explain;
+mod explain_sched;
 mod fault;
 mod fault_kprobe;
 mod fault_tracepoint;

@@ -89,7 +89,8 @@ pub fn stw_stop(ctx: ProbeContext) -> u32 {
         window.stop_tid,
         window.stop_ts_ns,
         regs.r14,
-        &process.offsets,
+        regs.rip,
+        process,
     );
     0
 }

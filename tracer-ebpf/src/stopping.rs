@@ -7,12 +7,12 @@
 //!
 //! The world is stopped here: the trap lands inside the pause the program
 //! pays for (README, "Stopping phase"). The program does one map lookup and
-//! three stores, nothing else.
+//! a few stores (two lookups when the pause is explained), nothing else.
 
 use aya_ebpf::{EbpfContext as _, macros::uprobe, programs::ProbeContext};
 use tracer_common::pause::PauseEvent;
 
-use crate::pause::PAUSE_WINDOWS;
+use crate::{explain, pause::PAUSE_WINDOWS};
 
 #[uprobe]
 pub fn stw_stopped(ctx: ProbeContext) -> u32 {
@@ -32,6 +32,7 @@ pub fn stw_stopped(ctx: ProbeContext) -> u32 {
         (*window).stopping.finished_ns = regs.rcx;
         (*window).stopping.cpu_ns = regs.rdi;
         (*window).flags |= PauseEvent::FLAG_STOPPING;
+        explain::stopped(ctx.tgid(), regs.rcx);
     }
     0
 }

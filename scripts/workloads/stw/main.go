@@ -32,7 +32,16 @@ func main() {
 	duration := flag.Duration("duration", 0, "keep allocating until this much time has passed")
 	exitCode := flag.Int("exit-code", 0, "exit with this code after the report")
 	marks := flag.Bool("marks", false, "print GOSTW_WORK begin/end lines around the timed work (for benchmarks)")
+	spinners := flag.Int("spinners", 0, "goroutines spinning in loops with no safe point (with GODEBUG=asyncpreemptoff=1 they delay every stop)")
+	spinChunk := flag.Duration("spin-chunk", 20*time.Millisecond, "how long each spinner's loop runs between safe points")
+	interval := flag.Duration("interval", 0, "sleep this long between rounds")
 	flag.Parse()
+	if *spinners > 0 {
+		n := spinIterations(*spinChunk)
+		for i := 0; i < *spinners; i++ {
+			go spinner(n)
+		}
+	}
 
 	live := make([][]byte, 0, *liveMB*16)
 	for i := 0; i < *liveMB*16; i++ {
@@ -52,6 +61,7 @@ func main() {
 		}
 		readStats(*readMemStats)
 		resizeProcs(*gomaxprocs)
+		time.Sleep(*interval)
 	}
 	runtime.KeepAlive(live)
 	elapsed = time.Since(start)
@@ -90,6 +100,55 @@ func resizeProcs(n int) {
 		}
 	}
 	runtime.GOMAXPROCS(procs)
+}
+
+var spun int
+
+// spinLoop is a loop with no call in it: without asynchronous preemption a
+// stop-the-world waits until it returns. A leaf with a small frame, so it
+// has no stack check either.
+//
+//go:noinline
+func spinLoop(n int) int {
+	x := 0
+	for i := 0; i < n; i++ {
+		x += i ^ (x >> 3)
+	}
+	return x
+}
+
+// checkpoint is the spinner's only safe point: its stack check.
+//
+//go:noinline
+func checkpoint(x int) {
+	if x == -1 {
+		checkpoint(x + 1)
+	}
+	spun += x & 1
+}
+
+// spinner is the goroutine that would not stop: it spins in spinLoop and
+// reaches a safe point only between loops.
+//
+//go:noinline
+func spinner(n int) {
+	for {
+		checkpoint(spinLoop(n))
+	}
+}
+
+// spinIterations is about how many spinLoop iterations take d.
+func spinIterations(d time.Duration) int {
+	n := 1 << 20
+	for {
+		start := time.Now()
+		spinLoop(n)
+		took := time.Since(start)
+		if took > 5*time.Millisecond {
+			return int(float64(n) * float64(d) / float64(took))
+		}
+		n *= 2
+	}
 }
 
 // churn allocates n MiB of short-lived garbage.

@@ -148,6 +148,9 @@ impl StructOffsets {
             ("m.preemptoff", get("runtime.m", "preemptoff")),
             ("g.atomicstatus", get("runtime.g", "atomicstatus")),
             ("m.g0", get("runtime.m", "g0")),
+            // Optional (not in `FIELDS`): the pause explanation's M walk.
+            ("m.alllink", get("runtime.m", "alllink")),
+            ("m.p", get("runtime.m", "p")),
         ];
         let fields = values
             .into_iter()

@@ -22,6 +22,7 @@ use std::collections::{HashMap, VecDeque};
 
 pub use super::observed::CorrelatorStats;
 use super::{
+    explain,
     fault::{Fault, PauseFaultStats},
     observed::{Membership, Observed, ObservedPause},
     pause::PauseRecord,
@@ -110,12 +111,13 @@ impl Correlator {
     }
 
     /// A pause ended.
-    pub fn pause(&mut self, record: PauseRecord, out: &mut Vec<Observed>) {
+    pub fn pause(&mut self, mut record: PauseRecord, out: &mut Vec<Observed>) {
         if !self.faults_traced {
-            out.push(Observed::Pause(ObservedPause {
+            explain::complete(&mut record, &[]);
+            out.push(Observed::Pause(Box::new(ObservedPause {
                 record,
                 faults: Vec::new(),
-            }));
+            })));
             return;
         }
         let window = Window::of(&record);
@@ -227,8 +229,9 @@ fn release(st: &mut ProcessState, out: &mut Vec<Observed>) {
         return;
     };
     pause.record.faults = Some(PauseFaultStats::of(pause.record.tid, &pause.faults));
+    explain::complete(&mut pause.record, &pause.faults);
     st.last_released = Some(window);
-    out.push(Observed::Pause(pause));
+    out.push(Observed::Pause(Box::new(pause)));
 }
 
 /// Pause records for other modules' tests.
@@ -252,7 +255,11 @@ pub mod tests_support {
             window_ns: dur,
             stopping_ns: None,
             caller: None,
+            laggards: None,
+            breakdown: None,
+            restarting_ns: None,
             faults: None,
+            explain_input: None,
         }
     }
 }

@@ -57,12 +57,13 @@ pub fn decode<T: aya::Pod>(kind: EventKind, bytes: &[u8]) -> Result<T, DecodeErr
 }
 
 /// A decoded kernel event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     Pause(PauseEvent),
     Fault(FaultEvent),
     StackGrowth(StackGrowthEvent),
-    PauseDetail(PauseDetail),
+    /// Boxed: it is much larger than the others.
+    PauseDetail(Box<PauseDetail>),
 }
 
 impl Event {
@@ -73,7 +74,7 @@ impl Event {
             EventKind::Pause => Event::Pause(decode(kind, raw)?),
             EventKind::Fault => Event::Fault(decode(kind, raw)?),
             EventKind::StackGrowth => Event::StackGrowth(decode(kind, raw)?),
-            EventKind::PauseDetail => Event::PauseDetail(decode(kind, raw)?),
+            EventKind::PauseDetail => Event::PauseDetail(Box::new(decode(kind, raw)?)),
         })
     }
 

@@ -214,6 +214,10 @@ pub struct PauseFaultStats {
     pub other_threads: FaultTotals,
     /// At most `LIVE_SITES` sites: (function, faults).
     pub top_sites: Vec<(String, u64)>,
+    /// By the phase they began in, where the pause's phases are known
+    /// (`engine::explain`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by_phase: Option<Box<super::explain::PhaseFaults>>,
 }
 
 /// How many sites a pause record lists.

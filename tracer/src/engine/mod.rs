@@ -6,13 +6,16 @@
 //! their target, their options and their sink.
 //!
 //! - `event`: decoding raw records; `reader`: the async ring-buffer reader.
-//! - `pause`, `fault`: what a pause and a fault are; `caller`: who asked.
+//! - `pause`, `fault`: what a pause and a fault are; `caller`: who asked;
+//!   `explain`, `breakdown`: why it took as long as it did.
 //! - `correlate`: which faults belong to which pause (the one rule).
 //! - `stream`: the pure pipeline; `observed`: what it produces.
 
+pub mod breakdown;
 pub mod caller;
 pub mod correlate;
 pub mod event;
+pub mod explain;
 pub mod fault;
 pub mod observed;
 pub mod pause;
@@ -40,6 +43,7 @@ use crate::{
     stackgrowth::goroutines::GoroutineWatch,
     targets::{
         Changes, Target,
+        cpu_throttle::ThrottleWatch,
         tracker::{Kernel, Limits, NotTraced, Tracker},
     },
 };
@@ -122,6 +126,9 @@ pub struct Engine {
     /// the last peak sent.
     goroutines: HashMap<u32, (Option<GoroutineWatch>, u64)>,
     stacks: bool,
+    /// Pauses are explained: report CPU cgroup throttling too.
+    explain: bool,
+    throttle: ThrottleWatch,
     out: Vec<Observed>,
 }
 
@@ -147,6 +154,9 @@ impl Engine {
         if opts.faults.is_some() {
             stream.set_stack_source(Box::new(core.object().take_fault_stacks()?));
         }
+        if opts.explain {
+            stream.set_pause_stack_source(Box::new(core.object().take_pause_stacks()?));
+        }
         Ok(Engine {
             tracker: Tracker::new(core, limits),
             reader,
@@ -156,6 +166,8 @@ impl Engine {
             sampling: false,
             goroutines: HashMap::new(),
             stacks: opts.stacks.is_some(),
+            explain: opts.explain,
+            throttle: ThrottleWatch::default(),
             out: Vec::new(),
         })
     }
@@ -421,6 +433,9 @@ impl Engine {
     }
 
     fn deliver(&mut self, sink: &mut dyn Sink) {
+        if self.explain {
+            self.throttle.annotate(&mut self.out);
+        }
         sink.observe_all(&self.out);
         self.out.clear();
     }

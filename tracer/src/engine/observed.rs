@@ -115,8 +115,8 @@ pub enum Observed {
     Exited { pid: u32, last_of_labels: bool },
     /// A process's exit status, when gostw started it.
     ExitStatus { pid: u32, code: i32 },
-    /// A pause and its faults.
-    Pause(ObservedPause),
+    /// A pause and its faults (boxed: its record is by far the largest).
+    Pause(Box<ObservedPause>),
     /// A major fault that is not part of a pause record.
     Fault(Fault, Membership),
     /// A stack growth event (exact) or sample (sampled).
@@ -159,6 +159,12 @@ pub enum Observed {
     FaultBackend(BackendChoice),
     /// Faults were asked for but cannot be traced here: why.
     FaultsUnavailable(String),
+    /// A traced process's CPU cgroup was throttled this much while traced
+    /// (sent just before its `Exited`, where the group has a quota).
+    CpuThrottling {
+        pid: u32,
+        throttling: crate::targets::cpu_throttle::CpuThrottling,
+    },
     /// A process's peak goroutine count rose (`runtime.allglen`).
     Goroutines { pid: u32, peak: u64 },
     /// The kernel-side health counters, cumulative.

@@ -129,9 +129,25 @@ pub struct PauseRecord {
     /// (`engine::caller`), when pauses are explained.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub caller: Option<Vec<crate::image::Frame>>,
+    /// The threads that kept the world from stopping, longest first
+    /// (`engine::explain`), when pauses are explained.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub laggards: Option<Vec<super::explain::LaggardRecord>>,
+    /// The pause's duration in named parts (`engine::breakdown`), where the
+    /// stopping phase and the scheduler data are known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breakdown: Option<Box<super::breakdown::Breakdown>>,
+    /// From the stopping thread's first hand-back of a P to the end of the
+    /// pause (other threads run again in it), when seen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restarting_ns: Option<u64>,
     /// Major faults inside the pause, when faults are traced.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub faults: Option<super::fault::PauseFaultStats>,
+    /// What the kernel gathered to explain the pause, until the correlator
+    /// releases it (`explain::complete`).
+    #[serde(skip)]
+    pub explain_input: Option<Box<super::explain::ExplainInput>>,
 }
 
 impl PauseRecord {
@@ -225,7 +241,11 @@ pub fn record(ev: &PauseEvent, clock: WallClock) -> PauseRecord {
         window_ns,
         stopping_ns,
         caller: None,
+        laggards: None,
+        breakdown: None,
+        restarting_ns: None,
         faults: None,
+        explain_input: None,
     }
 }
 

@@ -7,12 +7,13 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use tracer_common::explain::PauseDetail;
+use tracer_common::explain::{Laggard, LaggardState, PauseDetail};
 
 use super::{
     caller,
     correlate::{Correlator, CorrelatorStats},
     event::{Event, Losses},
+    explain::{ExplainInput, RawLaggard},
     fault::Fault,
     observed::{Observed, ProcessInfo},
     pause::{self, WallClock},
@@ -53,13 +54,15 @@ pub struct Stream {
     pub losses: Losses,
     correlator: Correlator,
     stacks: Option<Box<dyn StackSource>>,
+    /// Where laggards' user stacks are read from.
+    pause_stacks: Option<Box<dyn StackSource>>,
     /// The backend marks every file-backed fault (see `Fault::from_event`).
     file_faults_seen: bool,
     images: HashMap<u32, ProcessImage>,
     /// Symbolized fault stacks and their raw addresses, per (process, stack id).
     stack_cache: HashMap<(u32, i32), FaultStack>,
     /// The detail of each process's pause whose event comes next.
-    details: HashMap<u32, PauseDetail>,
+    details: HashMap<u32, Box<PauseDetail>>,
 }
 
 impl Stream {
@@ -70,6 +73,7 @@ impl Stream {
             losses: Losses::default(),
             correlator: Correlator::new(opts.faults),
             stacks: None,
+            pause_stacks: None,
             file_faults_seen: true,
             images: HashMap::new(),
             stack_cache: HashMap::new(),
@@ -80,6 +84,11 @@ impl Stream {
     /// Read fault stacks from `stacks`.
     pub fn set_stack_source(&mut self, stacks: Box<dyn StackSource>) {
         self.stacks = Some(stacks);
+    }
+
+    /// Read laggards' user stacks from `stacks`.
+    pub fn set_pause_stack_source(&mut self, stacks: Box<dyn StackSource>) {
+        self.pause_stacks = Some(stacks);
     }
 
     /// Whether the fault backend marks every file-backed fault.
@@ -120,6 +129,7 @@ impl Stream {
                     .filter(|d| d.stop_ts_ns == ev.stop_ts_ns)
                 {
                     rec.caller = Some(self.caller(ev.header.tgid, &d));
+                    rec.explain_input = Some(Box::new(self.explain_input(ev.header.tgid, &d)));
                 }
                 self.correlator.pause(rec, out);
             }
@@ -152,6 +162,57 @@ impl Stream {
         self.images.remove(&pid);
         self.stack_cache.retain(|(p, _), _| *p != pid);
         self.details.remove(&pid);
+    }
+
+    /// What `explain::complete` needs of a pause's detail: the laggards'
+    /// frames symbolized.
+    fn explain_input(&self, tgid: u32, d: &PauseDetail) -> ExplainInput {
+        let image = self.images.get(&tgid);
+        let n = (d.nlaggards as usize).min(d.laggards.len());
+        let laggards = d.laggards[..n]
+            .iter()
+            .map(|l| RawLaggard {
+                tid: l.tid,
+                flags: l.flags,
+                last_out_ns: l.last_out_ns,
+                out_state: LaggardState::from_u32(l.out_state),
+                off: l.off,
+                unseen_off_ns: l.unseen_off_ns,
+                stopper_off_at_out: l.stopper_off_at_out,
+                goid: l.goid,
+                frames: self.laggard_frames(image, l),
+            })
+            .collect();
+        ExplainInput {
+            sched: d.config & PauseDetail::SCHED != 0,
+            restart_ns: (d.restart_ns != 0).then_some(d.restart_ns),
+            stopper: d.stopper,
+            laggards,
+            laggards_dropped: d.laggards_dropped,
+        }
+    }
+
+    /// A laggard's goroutine stack (all return addresses; the word after
+    /// `sched.pc` is one only after a preemption at a stack check, so it is
+    /// dropped when it names no function), or its thread's user stack.
+    fn laggard_frames(&self, image: Option<&ProcessImage>, l: &Laggard) -> Vec<Frame> {
+        let Some(image) = image else {
+            return Vec::new();
+        };
+        if l.flags & Laggard::GOROUTINE_FRAMES != 0 {
+            let n = (l.nframes as usize).min(l.frames.len());
+            let mut rets = l.frames[..n].to_vec();
+            if rets.len() > 1 && image.frames_of_return(rets[1]).is_empty() {
+                rets.remove(1);
+            }
+            return image.return_stack(&rets, caller::MAX_FRAMES);
+        }
+        match (&self.pause_stacks, l.user_stack_id) {
+            (Some(stacks), id) if id >= 0 => {
+                image.stack(&stacks.addresses(id as u32), caller::MAX_FRAMES)
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// The symbolized caller stack of a pause's detail.

@@ -1,19 +1,70 @@
 //! Explaining pauses (`tracer_common::explain`): the per-process detail the
-//! pause probes fill, present only for the processes to explain.
+//! pause probes fill, present only for the processes to explain, and the
+//! scheduler programs (`sched:sched_switch`, `sched:sched_waking`), which
+//! are host-wide and so attached only while a process is traced.
 
 use anyhow::Context as _;
-use aya::maps::HashMap;
-use tracer_common::{explain::PauseDetail, map_names};
+use aya::{
+    maps::HashMap,
+    programs::{TracePoint, trace_point::TracePointLinkId},
+};
+use tracer_common::{
+    explain::{PauseDetail, SCHED_PROGRAMS},
+    map_names,
+};
 
-use super::object::Object;
+use super::{faults::ensure_tracefs, object::Object};
 
-/// Explain the pauses of process `tgid` from now on.
-pub fn watch(object: &mut Object, tgid: u32) -> anyhow::Result<()> {
+/// Explain the pauses of process `tgid` from now on; `stopped_probe`: its
+/// stop RET probe is attached (it marks the end of the stopping phase);
+/// `sched`: the scheduler programs are.
+pub fn watch(
+    object: &mut Object,
+    tgid: u32,
+    stopped_probe: bool,
+    sched: bool,
+    task: Option<TaskOffsets>,
+) -> anyhow::Result<()> {
     let mut details: HashMap<_, u32, PauseDetail> =
         HashMap::try_from(object.map_mut(map_names::PAUSE_DETAILS)?)?;
+    let mut d = PauseDetail::ZERO;
+    if stopped_probe {
+        d.config |= PauseDetail::STOPPED_PROBE;
+    }
+    if sched {
+        d.config |= PauseDetail::SCHED;
+    }
+    if let Some(t) = task {
+        d.task_sum_exec = t.sum_exec_runtime;
+        d.task_prev_sum_exec = t.prev_sum_exec_runtime;
+    }
     details
-        .insert(tgid, PauseDetail::ZERO, 0)
+        .insert(tgid, d, 0)
         .with_context(|| format!("adding pid {tgid} to the explained processes"))
+}
+
+/// Where a task's scheduler times are in this kernel's `task_struct`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskOffsets {
+    pub sum_exec_runtime: u32,
+    pub prev_sum_exec_runtime: u32,
+}
+
+impl TaskOffsets {
+    /// From the kernel's BTF; `None` (logged) where it cannot say.
+    pub fn detect() -> Option<TaskOffsets> {
+        let read = || -> anyhow::Result<TaskOffsets> {
+            let btf = super::btf::Btf::vmlinux()?;
+            Ok(TaskOffsets {
+                sum_exec_runtime: btf.offset("task_struct", &["se", "sum_exec_runtime"])?,
+                prev_sum_exec_runtime: btf
+                    .offset("task_struct", &["se", "prev_sum_exec_runtime"])?,
+            })
+        };
+        read()
+            .map_err(|e| log::info!("laggards' on-CPU stints are not read: {e:#}"))
+            .ok()
+    }
 }
 
 /// Forget process `tgid` (absent is fine).
@@ -22,4 +73,44 @@ pub fn forget(object: &mut Object, tgid: u32) -> anyhow::Result<()> {
         HashMap::try_from(object.map_mut(map_names::PAUSE_DETAILS)?)?;
     let _ = details.remove(&tgid);
     Ok(())
+}
+
+/// The attached scheduler programs.
+pub struct SchedHooks {
+    links: Vec<(&'static str, TracePointLinkId)>,
+}
+
+impl SchedHooks {
+    /// Load and attach the scheduler programs.
+    pub fn attach(object: &mut Object) -> anyhow::Result<SchedHooks> {
+        ensure_tracefs()?;
+        let mut hooks = SchedHooks { links: Vec::new() };
+        for &(name, category, event) in SCHED_PROGRAMS {
+            let attached = object
+                .program::<TracePoint>(name)
+                .and_then(|p| Ok(p.attach(category, event)?))
+                .with_context(|| format!("attaching {name} to tracepoint {category}:{event}"));
+            match attached {
+                Ok(link) => hooks.links.push((name, link)),
+                Err(e) => {
+                    hooks.detach(object);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(hooks)
+    }
+
+    /// Detach them (errors are logged: the kernel drops what is left when
+    /// gostw exits).
+    pub fn detach(self, object: &mut Object) {
+        for (name, link) in self.links {
+            if let Err(e) = object
+                .program::<TracePoint>(name)
+                .and_then(|p| Ok(p.detach(link)?))
+            {
+                log::warn!("detaching {name}: {e:#}");
+            }
+        }
+    }
 }

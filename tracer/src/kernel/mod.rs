@@ -1,16 +1,18 @@
 //! The tracing core: it owns the loaded kernel object and everything attached
 //! to it. Probes are attached per executable (uprobes live on the inode),
 //! processes are added to and removed from the traced set, and the host-wide
-//! hooks (the fault backend, the CPU-clock sampler) are attached while at
-//! least one process is traced and detached when the last one goes, so a
-//! host with nothing traced runs none of them.
+//! hooks (the fault backend, the CPU-clock sampler, the scheduler programs
+//! that explain pauses) are attached while at least one process is traced
+//! and detached when the last one goes, so a host with nothing traced runs
+//! none of them.
 //!
 //! - `object`: the loaded object, typed program handles, maps.
 //! - `capabilities`: the one detector of what the kernel supports.
 //! - `faults`: attaching and detaching a fault backend.
 //! - `stacks`: the stack-growth programs (sampler, duty-cycled exact probe).
-//! - `explain`: the per-process pause detail (the caller of each stop).
+//! - `explain`: the per-process pause detail and the scheduler programs.
 
+pub mod btf;
 pub mod capabilities;
 pub mod explain;
 pub mod faults;
@@ -30,7 +32,7 @@ use aya::programs::{
 };
 use tracer_common::{
     counters::Counter,
-    process::{Probe, TracedProcess},
+    process::{ExplainRuntime, Probe, TracedProcess},
     program_names::{STW_START_RET, STW_STOP, STW_STOPPED},
     stack::{StackSiteCounts, StackSiteKey},
 };
@@ -63,7 +65,9 @@ pub struct CoreOptions {
     /// That probe fires inside the pause and adds its trap to it (README,
     /// "Stopping phase").
     pub stopping: bool,
-    /// Explain pauses: the caller of each stop (read at the entry probe).
+    /// Explain pauses: the caller of each stop (read at the entry probe),
+    /// and, with the scheduler programs, the stopping thread's off-CPU time
+    /// and the laggards.
     pub explain: bool,
 }
 
@@ -98,6 +102,10 @@ pub struct Core {
     sampler: Option<StackGrowthProbes>,
     /// The exact mode's copystack probe, per executable.
     exact: HashMap<ExeId, StackGrowthProbes>,
+    /// The pause explanation's scheduler programs, while anything is traced.
+    sched: Option<explain::SchedHooks>,
+    /// Where `task_struct` keeps a task's on-CPU times (from BTF).
+    task_offsets: Option<explain::TaskOffsets>,
     traced: HashSet<u32>,
     /// Leave probes attached when nothing is traced any more: gostw is about
     /// to exit, and `teardown` lets the kernel detach them afterwards.
@@ -118,6 +126,8 @@ impl Core {
             },
             sampler: None,
             exact: HashMap::new(),
+            sched: None,
+            task_offsets: opts.explain.then(explain::TaskOffsets::detect).flatten(),
             traced: HashSet::new(),
             leaving: false,
         })
@@ -278,6 +288,12 @@ impl Core {
                 }
             };
         }
+        if self.opts.explain && self.sched.is_none() {
+            match explain::SchedHooks::attach(&mut self.object) {
+                Ok(h) => self.sched = Some(h),
+                Err(e) => log::warn!("pauses are explained without scheduler data: {e:#}"),
+            }
+        }
         if let Some(o) = self.opts.stacks.filter(|o| o.mode == Mode::Sampled)
             && self.sampler.is_none()
         {
@@ -300,6 +316,9 @@ impl Core {
             };
             h.detach(&mut self.object);
         }
+        if let Some(h) = self.sched.take() {
+            h.detach(&mut self.object);
+        }
         if let Some(s) = self.sampler.take()
             && let Err(e) = s.detach(&mut self.object)
         {
@@ -311,6 +330,14 @@ impl Core {
 /// What the kernel programs need to know of each process running `binary`.
 pub fn traced_process(binary: &GoBinary, offsets: &crate::binary::StructOffsets) -> TracedProcess {
     let code = binary.version.code();
+    let unknown = tracer_common::process::GoOffsets::UNKNOWN;
+    let explain = ExplainRuntime {
+        allm: binary.symbol("runtime.allm").unwrap_or(0),
+        stop_the_world: binary.function(STOP_THE_WORLD).map_or(0, |f| f.address),
+        m_alllink: offsets.get("m.alllink").unwrap_or(unknown),
+        m_p: offsets.get("m.p").unwrap_or(unknown),
+        ..ExplainRuntime::default()
+    };
     TracedProcess {
         go_version: code,
         flags: if code < 121 {
@@ -319,6 +346,7 @@ pub fn traced_process(binary: &GoBinary, offsets: &crate::binary::StructOffsets)
             0
         },
         offsets: offsets.to_kernel(),
+        explain,
     }
 }
 
@@ -420,7 +448,15 @@ impl Kernel for Core {
         }
         self.object.trace(pid, *traced)?;
         if self.opts.explain {
-            explain::watch(&mut self.object, pid)?;
+            let stopped_probe = self.opts.stopping && traced.go_version >= STOPPING_SINCE;
+            let sched = self.sched.is_some();
+            explain::watch(
+                &mut self.object,
+                pid,
+                stopped_probe,
+                sched,
+                self.task_offsets,
+            )?;
         }
         self.traced.insert(pid);
         for p in self.exact.values_mut() {

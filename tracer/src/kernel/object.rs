@@ -170,6 +170,15 @@ impl Object {
         Ok(RingBuf::try_from(map)?)
     }
 
+    /// Take the laggards' user-stack map (once) for the engine's decoder.
+    pub fn take_pause_stacks(&mut self) -> anyhow::Result<StackTraceMap<MapData>> {
+        let map = self
+            .ebpf
+            .take_map(map_names::PAUSE_STACKS)
+            .context("the PAUSE_STACKS map was already taken")?;
+        Ok(StackTraceMap::try_from(map)?)
+    }
+
     /// Take the fault user-stack map (once) for the engine's decoder.
     pub fn take_fault_stacks(&mut self) -> anyhow::Result<StackTraceMap<MapData>> {
         let map = self

@@ -262,15 +262,15 @@ mod tests {
         r.tid = 8;
         t.observe_all(&[
             Observed::Started(info),
-            Observed::Pause(ObservedPause {
+            Observed::Pause(Box::new(ObservedPause {
                 record: r.clone(),
                 faults: vec![fault(8, 1_500_000)],
-            }),
+            })),
             Observed::Fault(fault(9, 0), Membership::Outside),
-            Observed::Pause(ObservedPause {
+            Observed::Pause(Box::new(ObservedPause {
                 record: record(7, 9_000_000, 1_000),
                 faults: Vec::new(),
-            }),
+            })),
         ]);
         assert_eq!(t.pauses(), 2);
         t.finish().unwrap();
@@ -319,10 +319,10 @@ mod tests {
         }
         let mut t = TimelineSink::new(Box::new(Full(20))).unwrap();
         for i in 0..3 {
-            t.observe(&Observed::Pause(ObservedPause {
+            t.observe(&Observed::Pause(Box::new(ObservedPause {
                 record: record(7, 1_000 * (i + 1), 10),
                 faults: Vec::new(),
-            }));
+            })));
         }
         let err = t.finish().unwrap_err();
         assert_eq!(err.to_string(), "disk full");

@@ -11,6 +11,7 @@
 //! - `tracker`: attach per executable, trace per process, bounded labels.
 
 pub mod child;
+pub mod cpu_throttle;
 pub mod discovery;
 pub mod exec_events;
 pub mod labels;

@@ -209,6 +209,7 @@ impl Sink for MetricsSink {
                     .inc_by(exec_notifications.saturating_sub(seen));
             }
             Observed::ExitStatus { .. }
+            | Observed::CpuThrottling { .. }
             | Observed::StackSites { .. }
             | Observed::Goroutines { .. } => {}
         }

@@ -119,13 +119,13 @@ fn a_recorded_stream_becomes_both_profiles() {
     pause.tid = PID;
     let stream = [
         Observed::Started(info()),
-        Observed::Pause(ObservedPause {
+        Observed::Pause(Box::new(ObservedPause {
             record: pause,
             faults: vec![
                 fault(PID, 1_001 * MS, "runtime.(*spanSet).reset"),
                 fault(PID + 1, 1_002 * MS, "runtime.(*spanSet).reset"),
             ],
-        }),
+        })),
         Observed::Fault(
             fault(PID + 1, 1_005 * MS, "runtime.markrootSpans"),
             Membership::LateInPause,

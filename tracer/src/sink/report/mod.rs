@@ -28,6 +28,7 @@ use self::{
 use super::Sink;
 use crate::{
     engine::{
+        breakdown::Breakdown,
         correlate::CorrelatorStats,
         event::Losses,
         observed::{Observed, ProcessInfo},
@@ -35,6 +36,7 @@ use crate::{
     },
     image::ProcessImage,
     stackgrowth::{Mode, NoSymbols, StackGrowthAggregator, StackGrowthSummary, goroutines},
+    targets::cpu_throttle::CpuThrottling,
 };
 
 /// How many of each process's longest pauses the summary lists.
@@ -80,6 +82,18 @@ pub struct ReasonSummary {
     /// The code that asked for these pauses, most pauses first (when
     /// pauses are explained).
     pub top_callers: Vec<CallerCount>,
+    /// Pauses with a breakdown, and their breakdowns summed part by part
+    /// (absent when none has one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breakdown: Option<ReasonBreakdown>,
+}
+
+/// One reason's breakdowns, summed.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReasonBreakdown {
+    pub pauses: u64,
+    #[serde(flatten)]
+    pub total: Breakdown,
 }
 
 /// One process's pauses.
@@ -92,6 +106,10 @@ pub struct ProcessSummary {
     pub by_reason: Vec<ReasonSummary>,
     /// The longest pauses, longest first.
     pub worst: Vec<PauseRecord>,
+    /// What its CPU cgroup's CFS quota held it back while traced (when
+    /// pauses are explained and the group has a `cpu.stat`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_throttling: Option<CpuThrottling>,
 }
 
 /// Events that happened but are missing from the records.
@@ -202,6 +220,7 @@ pub struct ReportSink {
     /// Say on standard error when a process is traced (`attach`).
     pub announce: bool,
     processes: Vec<(Arc<ProcessInfo>, Option<i32>)>,
+    throttling: HashMap<u32, CpuThrottling>,
     counters: Vec<(Counter, u64)>,
     losses: Losses,
     correlator: CorrelatorStats,
@@ -221,6 +240,7 @@ impl ReportSink {
             goroutines: None,
             announce: false,
             processes: Vec::new(),
+            throttling: HashMap::new(),
             counters: Vec::new(),
             losses: Losses::default(),
             correlator: CorrelatorStats::default(),
@@ -271,6 +291,10 @@ impl ReportSink {
                         p999_ns: s.quantile_ns(0.999),
                         max_ns: s.max_ns,
                         top_callers: s.top_callers(TOP_CALLERS),
+                        breakdown: (s.explained > 0).then_some(ReasonBreakdown {
+                            pauses: s.explained,
+                            total: s.breakdown,
+                        }),
                     })
                     .collect();
                 ProcessSummary {
@@ -284,6 +308,7 @@ impl ReportSink {
                     total_ns: by_reason.iter().map(|r| r.total_ns).sum(),
                     by_reason,
                     worst: p.worst.clone(),
+                    cpu_throttling: self.throttling.get(&info.pid).cloned(),
                 }
             })
             .collect();
@@ -474,6 +499,9 @@ impl Sink for ReportSink {
                 eprintln!("gostw: major faults not traced: {why}");
             }
             Observed::KernelCounters(c) => self.counters.clone_from(c),
+            Observed::CpuThrottling { pid, throttling } => {
+                self.throttling.insert(*pid, throttling.clone());
+            }
             Observed::Losses { user, correlator } => {
                 self.losses = *user;
                 self.correlator = *correlator;

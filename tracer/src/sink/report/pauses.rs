@@ -8,6 +8,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::engine::{
+    breakdown::Breakdown,
     caller::CallerSite,
     pause::{PauseRecord, StwReason},
 };
@@ -33,6 +34,9 @@ pub struct ReasonStats {
     pub histogram: Histogram<u64>,
     /// Pauses by caller site (pauses with a caller stack only).
     pub callers: HashMap<CallerSite, u64>,
+    /// The breakdowns of the pauses that have one, summed, and how many.
+    pub breakdown: Breakdown,
+    pub explained: u64,
 }
 
 impl ReasonStats {
@@ -45,12 +49,18 @@ impl ReasonStats {
             histogram: Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
                 .expect("valid histogram bounds"),
             callers: HashMap::new(),
+            breakdown: Breakdown::default(),
+            explained: 0,
         }
     }
 
     fn add(&mut self, rec: &PauseRecord) {
         if let Some(site) = rec.caller.as_deref().and_then(CallerSite::of) {
             *self.callers.entry(site).or_default() += 1;
+        }
+        if let Some(b) = &rec.breakdown {
+            self.breakdown.add(b);
+            self.explained += 1;
         }
         let ns = rec.duration_ns;
         self.count += 1;

@@ -41,10 +41,10 @@ fn pause(pid: u32, reason: u32, d: u64) -> Observed {
     let mut r = record(pid, 200, d);
     r.reason_code = reason;
     r.reason = crate::engine::pause::StwReason(reason).id();
-    Observed::Pause(ObservedPause {
+    Observed::Pause(Box::new(ObservedPause {
         record: r,
         faults: Vec::new(),
-    })
+    }))
 }
 
 #[test]

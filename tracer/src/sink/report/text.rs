@@ -2,7 +2,9 @@
 
 use super::Summary;
 use crate::{
-    engine::{caller::CallerSite, fault::PauseFaultStats, pause::PauseRecord},
+    engine::{
+        caller::CallerSite, explain::LaggardRecord, fault::PauseFaultStats, pause::PauseRecord,
+    },
     units::{fmt_ns, fmt_time_of_day},
 };
 
@@ -29,10 +31,43 @@ pub fn pause_line(p: &PauseRecord) -> String {
         Some(c) => format!("{line}  caller {}", c.function),
         None => line,
     };
+    let line = match &p.breakdown {
+        Some(b) => {
+            let parts: Vec<String> = b
+                .largest()
+                .iter()
+                .take(3)
+                .map(|(name, ns)| format!("{name} {}", fmt_ns(*ns)))
+                .collect();
+            format!("{line}  [{}]", parts.join(", "))
+        }
+        None => line,
+    };
+    let line = match p.laggards.as_deref().and_then(<[_]>::first) {
+        Some(l) => format!("{line}  {}", laggard_text(l)),
+        None => line,
+    };
     match &p.faults {
         Some(f) if f.all.faults > 0 => format!("{line}  {}", fault_text(f)),
         _ => line,
     }
+}
+
+/// The laggard that held the stop longest, e.g. `laggard tid 812 on_cpu
+/// 18.2 ms in main.spinner`.
+fn laggard_text(l: &LaggardRecord) -> String {
+    let site = l
+        .frames
+        .iter()
+        .find(|f| !f.function.starts_with("runtime."))
+        .or(l.frames.first())
+        .map(|f| format!(" in {}", f.function))
+        .unwrap_or_default();
+    let state = serde_json::to_value(l.state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    format!("laggard tid {} {state} {}{site}", l.tid, fmt_ns(l.ns))
 }
 
 /// A pause's faults, e.g. `faults=87 (swap 87) wait=11.9 ms own=9.1 ms
@@ -85,6 +120,17 @@ pub fn summary_text(s: &Summary) -> String {
                 .map(|c| format!("; exited with code {c}"))
                 .unwrap_or_default()
         );
+        if let Some(c) = &p.cpu_throttling
+            && c.while_traced.nr_throttled > 0
+        {
+            let _ = writeln!(
+                t,
+                "  CPU cgroup {} throttled {} times while traced, {} in all (CFS quota)",
+                c.cgroup,
+                c.while_traced.nr_throttled,
+                fmt_ns(c.while_traced.throttled_ns)
+            );
+        }
         if p.by_reason.is_empty() {
             continue;
         }
@@ -128,6 +174,28 @@ pub fn summary_text(s: &Summary) -> String {
                 })
                 .collect();
             let _ = writeln!(t, "    {:<26} {}", r.name, sites.join(", "));
+        }
+        let explained: Vec<&super::ReasonSummary> = p
+            .by_reason
+            .iter()
+            .filter(|r| r.breakdown.is_some())
+            .collect();
+        if !explained.is_empty() {
+            let _ = writeln!(
+                t,
+                "  where the time went (largest parts, all pauses of a reason):"
+            );
+        }
+        for r in explained {
+            let b = r.breakdown.as_ref().expect("filtered");
+            let parts: Vec<String> = b
+                .total
+                .largest()
+                .iter()
+                .take(4)
+                .map(|(name, ns)| format!("{name} {}", fmt_ns(*ns)))
+                .collect();
+            let _ = writeln!(t, "    {:<26} {}", r.name, parts.join(", "));
         }
         let _ = writeln!(t, "  worst pauses:");
         for w in &p.worst {

@@ -1,0 +1,275 @@
+//! A pause's duration split into named parts that add up to it. The pause
+//! is `[start, end)` as Go counts it, stopping until Go's
+//! `finishedStopping`, stopped after:
+//!
+//! - stopping: the world waits for its last thread to stop (the critical
+//!   laggard: the one that left the CPU last). From the start until it
+//!   stopped, its own time says why: `stopping_on_cpu_ns` (running code
+//!   that reached no safe point), `stopping_fault_ns` (blocked in a major
+//!   fault), `stopping_runnable_ns` (preempted or throttled, waiting for a
+//!   CPU), `stopping_blocked_ns` (asleep otherwise), with its time inside
+//!   faults counted as faults the same way as below. From then until the end
+//!   of stopping, the stopping thread's reaction: its wait for a CPU after
+//!   being woken (`off_cpu_runnable_ns`) and its running (`on_cpu_ns`).
+//!   With no laggard seen, the stopping thread's own time: runnable and
+//!   running as above, its sleep (waiting on threads gostw did not see) is
+//!   `unexplained_ns`.
+//! - stopped: the stopping thread alone: `faults_ns` (inside its major
+//!   faults, begin to end: exact, from the fault events),
+//!   `off_cpu_blocked_ns` (blocked outside them), `off_cpu_runnable_ns`
+//!   (waiting for a CPU: preempted, CFS-throttled, woken but not running;
+//!   runnable time that fits inside the faults is taken as theirs),
+//!   `on_cpu_ns` (running: no off-CPU interval covers it; the scheduler
+//!   programs see every switch of that thread while they are attached).
+//!
+//! Other threads' faults of the stopped and restarting phases are not
+//! parts: the stopping thread did not wait for them.
+
+use serde::Serialize;
+use tracer_common::explain::{OffCpu, StopperTime};
+
+/// The parts of one pause (ns); they add up to `duration_ns`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Breakdown {
+    pub stopping_on_cpu_ns: u64,
+    pub stopping_fault_ns: u64,
+    pub stopping_runnable_ns: u64,
+    pub stopping_blocked_ns: u64,
+    pub faults_ns: u64,
+    pub off_cpu_runnable_ns: u64,
+    pub off_cpu_blocked_ns: u64,
+    pub on_cpu_ns: u64,
+    pub unexplained_ns: u64,
+}
+
+impl Breakdown {
+    /// The named parts with their JSON names (without the `_ns`), largest
+    /// first, zero parts left out.
+    pub fn largest(&self) -> Vec<(&'static str, u64)> {
+        let mut v: Vec<(&'static str, u64)> = [
+            ("stopping_on_cpu", self.stopping_on_cpu_ns),
+            ("stopping_fault", self.stopping_fault_ns),
+            ("stopping_runnable", self.stopping_runnable_ns),
+            ("stopping_blocked", self.stopping_blocked_ns),
+            ("faults", self.faults_ns),
+            ("off_cpu_runnable", self.off_cpu_runnable_ns),
+            ("off_cpu_blocked", self.off_cpu_blocked_ns),
+            ("on_cpu", self.on_cpu_ns),
+            ("unexplained", self.unexplained_ns),
+        ]
+        .into_iter()
+        .filter(|(_, ns)| *ns > 0)
+        .collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        v
+    }
+
+    /// Sum of the parts (equal to the pause's duration).
+    pub fn total_ns(&self) -> u64 {
+        self.largest().iter().map(|(_, ns)| ns).sum()
+    }
+
+    /// Add `o` part by part (a summary's totals).
+    pub fn add(&mut self, o: &Breakdown) {
+        self.stopping_on_cpu_ns += o.stopping_on_cpu_ns;
+        self.stopping_fault_ns += o.stopping_fault_ns;
+        self.stopping_runnable_ns += o.stopping_runnable_ns;
+        self.stopping_blocked_ns += o.stopping_blocked_ns;
+        self.faults_ns += o.faults_ns;
+        self.off_cpu_runnable_ns += o.off_cpu_runnable_ns;
+        self.off_cpu_blocked_ns += o.off_cpu_blocked_ns;
+        self.on_cpu_ns += o.on_cpu_ns;
+        self.unexplained_ns += o.unexplained_ns;
+    }
+
+    /// Time spent waiting for a CPU, the laggard's and the stopping thread's.
+    pub fn runnable_ns(&self) -> u64 {
+        self.stopping_runnable_ns + self.off_cpu_runnable_ns
+    }
+}
+
+/// The critical laggard's time from the pause's start until it stopped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaggardTime {
+    /// When it stopped (its last switch-out, at most the end of stopping).
+    pub stopped_at_ns: u64,
+    pub fault_ns: u64,
+    pub runnable_ns: u64,
+    pub blocked_ns: u64,
+    /// The stopping thread's stopping-phase off-CPU time when it stopped:
+    /// what it had beyond that is its reaction.
+    pub stopper_off_before: OffCpu,
+}
+
+/// What the breakdown is computed from.
+#[derive(Clone, Copy, Debug)]
+pub struct Inputs<'a> {
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    /// Go's stopping time.
+    pub stopping_ns: u64,
+    pub laggard: Option<LaggardTime>,
+    pub stopper: &'a StopperTime,
+    /// The stopping thread's time inside major faults in the stopped phase
+    /// (begin to end), and the blocked part of it.
+    pub stopper_fault_ns: u64,
+    pub stopper_fault_blocked_ns: u64,
+}
+
+/// Takes parts out of a length; nothing taken can exceed what is left.
+struct Budget(u64);
+
+impl Budget {
+    fn take(&mut self, ns: u64) -> u64 {
+        let t = ns.min(self.0);
+        self.0 -= t;
+        t
+    }
+}
+
+/// The breakdown of one pause.
+pub fn compute(i: &Inputs) -> Breakdown {
+    let mut b = Breakdown::default();
+    let stopping = i.stopping_ns.min(i.duration_ns);
+    let finished = i.start_ns + stopping;
+    let mut s = Budget(stopping);
+    let phase0 = &i.stopper.by_phase[0];
+    match i.laggard {
+        Some(l) => {
+            let until = l.stopped_at_ns.clamp(i.start_ns, finished);
+            let mut lag = Budget(s.take(until - i.start_ns));
+            b.stopping_fault_ns = lag.take(l.fault_ns);
+            b.stopping_runnable_ns = lag.take(l.runnable_ns);
+            b.stopping_blocked_ns = lag.take(l.blocked_ns);
+            b.stopping_on_cpu_ns = lag.take(u64::MAX);
+            // The stopping thread's reaction: what it spent off the CPU
+            // after the laggard stopped (waiting for a CPU; asleep on
+            // something gostw did not see is unexplained).
+            let before = l.stopper_off_before;
+            b.off_cpu_runnable_ns += s.take(phase0.runnable_ns.saturating_sub(before.runnable_ns));
+            b.unexplained_ns += s.take(phase0.blocked_ns.saturating_sub(before.blocked_ns));
+        }
+        None => {
+            b.off_cpu_runnable_ns += s.take(phase0.runnable_ns);
+            b.unexplained_ns += s.take(phase0.blocked_ns);
+        }
+    }
+    b.on_cpu_ns += s.take(u64::MAX);
+    let mut p = Budget(i.duration_ns - stopping);
+    let later = &i.stopper.by_phase[1..];
+    let runnable: u64 = later.iter().map(|o| o.runnable_ns).sum();
+    let blocked: u64 = later.iter().map(|o| o.blocked_ns).sum();
+    // Time inside faults is exact (the fault events); the scheduler's
+    // blocked time inside them is their blocked part, and the rest of a
+    // fault (handling it, waiting to run again) is taken as the runnable
+    // time that fits in it.
+    let fault = i.stopper_fault_ns;
+    let fault_blocked = i.stopper_fault_blocked_ns.min(fault).min(blocked);
+    let fault_runnable = runnable.min(fault - fault_blocked);
+    b.faults_ns = p.take(fault);
+    b.off_cpu_blocked_ns = p.take(blocked - fault_blocked);
+    b.off_cpu_runnable_ns += p.take(runnable - fault_runnable);
+    b.on_cpu_ns += p.take(u64::MAX);
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use tracer_common::explain::OffCpu;
+
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn stopper(phase0: (u64, u64), stopped: (u64, u64)) -> StopperTime {
+        let mut s = StopperTime::default();
+        s.by_phase[0] = OffCpu {
+            runnable_ns: phase0.0,
+            blocked_ns: phase0.1,
+        };
+        s.by_phase[1] = OffCpu {
+            runnable_ns: stopped.0,
+            blocked_ns: stopped.1,
+        };
+        s
+    }
+
+    #[test]
+    fn a_spinning_laggard_explains_the_stopping_phase() {
+        // 20 ms pause, 19.5 ms stopping; the laggard ran until 19.4 ms; the
+        // stopping thread was woken at 19.4 ms and ran at 19.45 ms.
+        let st = stopper((50_000, 19 * MS), (0, 0));
+        let b = compute(&Inputs {
+            start_ns: 1_000,
+            duration_ns: 20 * MS,
+            stopping_ns: 19_500_000,
+            laggard: Some(LaggardTime {
+                stopped_at_ns: 1_000 + 19_400_000,
+                // It had slept 19 ms by then; the 50 us wait for a CPU came after.
+                stopper_off_before: OffCpu {
+                    runnable_ns: 0,
+                    blocked_ns: 19 * MS,
+                },
+                ..LaggardTime::default()
+            }),
+            stopper: &st,
+            stopper_fault_ns: 0,
+            stopper_fault_blocked_ns: 0,
+        });
+        assert_eq!(b.stopping_on_cpu_ns, 19_400_000);
+        assert_eq!(b.off_cpu_runnable_ns, 50_000);
+        assert_eq!(b.on_cpu_ns, 50_000 + 500_000);
+        assert_eq!(b.unexplained_ns, 0);
+        assert_eq!(b.total_ns(), 20 * MS);
+        assert_eq!(b.largest()[0], ("stopping_on_cpu", 19_400_000));
+    }
+
+    #[test]
+    fn throttling_and_faults_of_the_stopped_phase_are_parts() {
+        // 10 ms pause, 1 ms stopping with a laggard throttled for 0.6 ms;
+        // then the stopping thread is 2.5 ms inside faults (2 ms of them
+        // blocked, 0.5 ms waiting to run again), blocked 1 ms otherwise and
+        // waits 5 ms for a CPU otherwise.
+        let st = stopper((0, 0), (5_500_000, 3 * MS));
+        let b = compute(&Inputs {
+            start_ns: 0,
+            duration_ns: 10 * MS,
+            stopping_ns: MS,
+            laggard: Some(LaggardTime {
+                stopped_at_ns: MS,
+                runnable_ns: 600_000,
+                ..LaggardTime::default()
+            }),
+            stopper: &st,
+            stopper_fault_ns: 2_500_000,
+            stopper_fault_blocked_ns: 2 * MS,
+        });
+        assert_eq!(b.stopping_runnable_ns, 600_000);
+        assert_eq!(b.stopping_on_cpu_ns, 400_000);
+        assert_eq!(b.off_cpu_runnable_ns, 5 * MS);
+        assert_eq!(b.faults_ns, 2_500_000);
+        assert_eq!(b.off_cpu_blocked_ns, MS);
+        assert_eq!(b.on_cpu_ns, 500_000);
+        assert_eq!((b.unexplained_ns, b.total_ns()), (0, 10 * MS));
+        assert_eq!(b.runnable_ns(), 5_600_000);
+    }
+
+    #[test]
+    fn a_wait_on_no_seen_laggard_is_unexplained_and_parts_never_overflow() {
+        let st = stopper((MS, 4 * MS), (50 * MS, 50 * MS));
+        let b = compute(&Inputs {
+            start_ns: 0,
+            duration_ns: 10 * MS,
+            stopping_ns: 6 * MS,
+            laggard: None,
+            stopper: &st,
+            stopper_fault_ns: 0,
+            stopper_fault_blocked_ns: 0,
+        });
+        assert_eq!(b.off_cpu_runnable_ns, MS);
+        assert_eq!(b.off_cpu_blocked_ns, 4 * MS);
+        assert_eq!(b.unexplained_ns, 4 * MS);
+        assert_eq!(b.on_cpu_ns, MS);
+        assert_eq!(b.total_ns(), 10 * MS);
+    }
+}
