@@ -4,7 +4,7 @@
 
 /// Index of a counter in the `COUNTERS` per-CPU array.
 #[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Counter {
     /// An event did not fit in the ring buffer.
     RingbufFull = 0,

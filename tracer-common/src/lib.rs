@@ -24,6 +24,19 @@ pub mod map_names {
     pub const STACK_CONFIG: &str = "STACK_CONFIG";
 }
 
+/// Names of the programs of the pause and stack-growth families (the fault
+/// backends' are in `fault::programs`), as the kernel object spells them.
+pub mod program_names {
+    /// `runtime.stopTheWorldWithSema` entry.
+    pub const STW_STOP: &str = "stw_stop";
+    /// Each RET of `runtime.startTheWorldWithSema`.
+    pub const STW_START_RET: &str = "stw_start_ret";
+    /// `runtime.copystack` entry (exact stack growth).
+    pub const STACK_COPY: &str = "stack_copy";
+    /// The CPU-clock sampler (sampled stack growth).
+    pub const STACK_SAMPLE: &str = "stack_sample";
+}
+
 /// Compile-time size check for a type that crosses the kernel/user boundary.
 #[macro_export]
 macro_rules! assert_size {

@@ -11,14 +11,23 @@ pub enum Probe {
     StopTheWorld = 0,
     /// A RET of `runtime.startTheWorldWithSema`.
     StartTheWorldRet = 1,
-    /// `runtime.newstack` entry.
-    Newstack = 2,
     /// `runtime.copystack` entry (exact stack-growth mode), any copy.
     Copystack = 3,
     /// A CPU-clock sample of a traced process (sampled stack-growth mode).
     CpuSample = 4,
     /// A CPU-clock sample that caught the process copying a goroutine stack.
     StackCopySample = 5,
+}
+
+impl Probe {
+    /// Every probe (what forgetting a process must clear).
+    pub const ALL: [Probe; 5] = [
+        Probe::StopTheWorld,
+        Probe::StartTheWorldRet,
+        Probe::Copystack,
+        Probe::CpuSample,
+        Probe::StackCopySample,
+    ];
 }
 
 /// Key of the `PROBE_HITS` map: one counter per (process, probe).

@@ -11,7 +11,8 @@ use crate::{
         offsets::FIELDS,
         running::{self, ProcessExe},
     },
-    kernel_support::{self, BackendChoice},
+    image::ProcessImage,
+    kernel::capabilities::{self, BackendChoice},
 };
 
 /// Arguments of `gostw inspect`.
@@ -91,7 +92,7 @@ impl From<GoFunction> for FunctionReport {
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     let report = match (args.pid, &args.binary) {
         (Some(pid), _) => inspect_pid(pid)?,
-        (None, Some(path)) => inspect(GoBinary::open(path)?, None)?,
+        (None, Some(path)) => inspect(&GoBinary::open(path)?, None)?,
         (None, None) => anyhow::bail!("give a binary or --pid"),
     };
     if args.json {
@@ -105,15 +106,15 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
 /// The report for the executable of process `pid`.
 pub fn inspect_pid(pid: u32) -> Result<InspectReport, BinaryError> {
     let exe = running::process_exe(pid)?;
-    let binary = GoBinary::open_pid(pid)?;
-    let load_bias = running::load_bias(pid, binary.load_segments())?;
-    inspect(binary, Some(ProcessReport { exe, load_bias }))
+    let process = ProcessImage::of_pid(pid)?;
+    let load_bias = process.bias().unwrap_or_default();
+    inspect(&process.exe.binary, Some(ProcessReport { exe, load_bias }))
 }
 
 /// The report for `binary`. Fails if gostw could not trace it (no struct
 /// offsets from any source).
 pub fn inspect(
-    binary: GoBinary,
+    binary: &GoBinary,
     process: Option<ProcessReport>,
 ) -> Result<InspectReport, BinaryError> {
     let struct_offsets = binary.struct_offsets()?;
@@ -148,7 +149,7 @@ pub fn inspect(
         pclntab,
         functions,
         struct_offsets,
-        fault_backend: kernel_support::detect(),
+        fault_backend: capabilities::detect().report(),
     })
 }
 

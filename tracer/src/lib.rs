@@ -1,20 +1,19 @@
-//! gostw's library: Go binary analysis, loading and attaching the kernel
-//! programs, and the pieces the `gostw` binary is made of.
+//! gostw's library: Go binary analysis, the tracing core, the engine and its
+//! sinks, and the targets the `gostw` binary traces.
+//!
+//! Data flows one way: `kernel` (probes, ring buffer) -> `engine` (read,
+//! decode, correlate) -> `sink` (report, metrics). `target` says which
+//! processes are traced; `image` symbolizes for everyone.
 
 pub mod agent;
 pub mod binary;
-pub mod ebpf;
-pub mod events;
-pub mod faults;
+pub mod engine;
+pub mod formats;
+pub mod image;
 pub mod inspect;
-pub mod kernel_support;
+pub mod kernel;
 pub mod memory;
-pub mod pauses;
-pub mod pipeline;
-pub mod process;
-pub mod report;
-pub mod session;
+pub mod sink;
 pub mod stackgrowth;
-pub mod symbolize;
-pub mod target;
+pub mod targets;
 pub mod units;

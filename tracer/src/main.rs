@@ -56,9 +56,8 @@ fn main() -> ExitCode {
             Command::Attach(args) => cli::attach::run(args).await,
             Command::Run(args) => cli::run::run(args).await,
             Command::Inspect(args) => tracer::inspect::run(&args).map(|()| 0),
-            Command::Stacks(args) => cli::stacks::run(args),
-            // Runs its own threads; nothing else shares this runtime.
-            Command::Agent(args) => tracer::agent::run(args).map(|()| 0),
+            Command::Stacks(args) => cli::stacks::run(args).await,
+            Command::Agent(args) => tracer::agent::run(args).await.map(|()| 0),
             Command::Faults(args) => cli::faults::run(args).await,
             Command::Memory(args) => cli::memory::run(args),
         }

@@ -1,22 +1,10 @@
-//! `gostw agent`: one per host, for weeks. Finds Go processes (a `/proc` diff
-//! every poll interval), attaches once per executable, traces every process
-//! of it, detaches when the last one exits, and serves what it saw as
-//! Prometheus metrics.
-//!
-//! Stages: discovery (`/proc` diff) -> tracker (attach/trace/detach) ->
-//! observations from the tracing pipeline (`observe::Observer`) -> metrics ->
-//! HTTP server (its own thread).
+//! `gostw agent`: one per host, for weeks. Its target is every Go process of
+//! the host (a `/proc` diff every poll interval, sooner after an exec
+//! notification); the engine attaches once per executable, traces every
+//! process of it and detaches when the last one exits; its sink is the
+//! Prometheus metrics, served over HTTP on a thread of its own.
 
-pub mod discovery;
-pub mod events;
-pub mod exec_events;
-pub mod faults;
-pub mod kernel;
-pub mod labels;
-pub mod metrics;
-pub mod observe;
 pub mod server;
-pub mod tracker;
 
 use std::{
     net::SocketAddr,
@@ -24,21 +12,19 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant, SystemTime},
+    time::Duration,
 };
 
 use anyhow::Context as _;
 use regex::Regex;
 
-use self::{
-    discovery::{Discovery, Filter, ProcFs, ProcSource},
-    events::EventStage,
-    kernel::EbpfKernel,
-    metrics::Metrics,
-    observe::{FaultObservation, Observer, PauseObservation, StackGrowthObservation},
-    tracker::{Limits, Tracker},
+use crate::{
+    engine::{Engine, Stop},
+    kernel::{CoreOptions, capabilities::FaultSource, stacks::StackGrowthOptions},
+    sink::metrics::{Metrics, MetricsSink},
+    stackgrowth::Mode,
+    targets::{Target, discovery::Filter, tracker::Limits},
 };
-use crate::ebpf::Programs;
 
 /// `gostw agent` options.
 #[derive(clap::Args, Debug)]
@@ -79,130 +65,41 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// How often the loop wakes between polls to read events (the 4 MiB ring
-/// buffer holds far more than 100 ms of pauses) and check for shutdown.
-const TICK: Duration = Duration::from_millis(100);
+/// CPU samples per second per CPU of the stack growth sampler: the
+/// affordable default of `gostw stacks` (measured at under 3% throughput on
+/// a growth-heavy workload), and off the 100 Hz of timer ticks.
+pub const SAMPLE_HZ: u64 = 99;
 
-/// Shortest time between two polls that exec notifications trigger (their
-/// cost is bounded on a host that starts many programs).
-const EXEC_POLL_GAP: Duration = Duration::from_millis(100);
-
-/// The agent's state on its main thread.
-pub struct Agent<K: tracker::Kernel> {
-    discovery: Discovery,
-    tracker: Tracker<K>,
-    metrics: Arc<Metrics>,
-}
-
-impl<K: tracker::Kernel> Agent<K> {
-    pub fn new(filter: Filter, kernel: K, limits: Limits, metrics: Arc<Metrics>) -> Agent<K> {
-        Agent {
-            discovery: Discovery::new(filter),
-            tracker: Tracker::new(kernel, limits),
-            metrics,
-        }
-    }
-
-    /// One `/proc` diff: trace what started, forget what exited.
-    /// `before_exits` runs between the diff and forgetting the exited
-    /// processes: a process's events are in the ring buffer before /proc
-    /// shows it gone, so reading them there attributes its last pauses.
-    pub fn poll(
-        &mut self,
-        proc: &impl ProcSource,
-        before_exits: impl FnOnce(&mut Self),
-    ) -> anyhow::Result<()> {
-        let changes = self.discovery.poll(proc).context("reading /proc")?;
-        before_exits(self);
-        for pid in changes.exited {
-            self.tracker.exited(pid, &self.metrics);
-        }
-        for p in &changes.started {
-            self.tracker
-                .started(p, &proc.exe_link(p.pid), &self.metrics);
-        }
-        self.tracker.poll_counts(&self.metrics);
-        self.metrics.proc_known.set(self.discovery.known() as i64);
-        Ok(())
-    }
-
-    pub fn tracker(&mut self) -> &mut Tracker<K> {
-        &mut self.tracker
-    }
-
-    /// Detach everything.
-    pub fn shutdown(&mut self) {
-        self.tracker.shutdown(&self.metrics);
-    }
-}
-
-/// Observations of a pid the agent no longer (or not yet) traces are counted
-/// as lost, not attributed to another process.
-impl<K: tracker::Kernel> Observer for Agent<K> {
-    fn pause(&mut self, pid: u32, pause: &PauseObservation) {
-        match self.tracker.labels(pid) {
-            Some(l) => self.metrics.pause(l, pause),
-            None => self.metrics.events_lost("unattributed", 1),
-        }
-    }
-
-    fn fault(&mut self, pid: u32, fault: &FaultObservation) {
-        match self.tracker.labels(pid) {
-            Some(l) => self.metrics.fault(l, fault),
-            None => self.metrics.events_lost("unattributed", 1),
-        }
-    }
-
-    fn stack_growth(&mut self, pid: u32, growth: &StackGrowthObservation) {
-        match self.tracker.labels(pid) {
-            Some(l) => self.metrics.stack_growth(l, growth),
-            None => self.metrics.events_lost("unattributed", 1),
-        }
-    }
-
-    fn stop_the_world_entries(&mut self, pid: u32, n: u64) {
-        if let Some(l) = self.tracker.labels(pid) {
-            self.metrics.stop_the_world_entries(l, n);
-        }
-    }
-}
-
-/// Kernel health counters: the agent exports deltas of the summed values.
-#[derive(Default)]
-struct KernelCounters {
-    last: Vec<u64>,
-}
-
-impl KernelCounters {
-    fn update(&mut self, programs: &Programs, metrics: &Metrics) {
-        let Ok(now) = programs.counters() else {
-            return;
-        };
-        self.last.resize(now.len(), 0);
-        for (i, (counter, value)) in now.into_iter().enumerate() {
-            let delta = value.saturating_sub(self.last[i]);
-            self.last[i] = value;
-            if delta > 0 {
-                metrics.bpf_error(counter.name(), delta);
-                if counter == tracer_common::counters::Counter::RingbufFull {
-                    metrics.events_lost("ringbuf_full", delta);
-                }
-            }
-        }
+/// What the agent traces: pauses, faults (auto backend), sampled stack growth.
+pub fn core_options() -> CoreOptions {
+    CoreOptions {
+        faults: Some(FaultSource::Auto),
+        stacks: Some(StackGrowthOptions {
+            mode: Mode::Sampled,
+            sample_hz: SAMPLE_HZ,
+            ..StackGrowthOptions::default()
+        }),
     }
 }
 
 /// Run the agent until SIGINT or SIGTERM.
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub async fn run(args: Args) -> anyhow::Result<()> {
     // Bind first: a port in use fails before anything touches the kernel.
     let listener = server::bind(args.listen)?;
     let addr = listener.local_addr()?;
-    let programs = Programs::load()?;
+    let limits = Limits {
+        max_executables: args.max_executables as usize,
+        max_label_sets: args.max_label_sets as usize,
+        ..Limits::default()
+    };
+    let mut engine = Engine::new(core_options(), limits)?;
     let metrics = Arc::new(Metrics::new());
-    let stop = Arc::new(AtomicBool::new(false));
+    // Until a process is traced no fault backend is attached.
+    metrics.fault_backend("none");
+    let stopped = Arc::new(AtomicBool::new(false));
     let (server_done_tx, server_done_rx) = tokio::sync::oneshot::channel::<()>();
     let server = {
-        let (metrics, stop) = (metrics.clone(), stop.clone());
+        let (metrics, stopped) = (metrics.clone(), stopped.clone());
         std::thread::Builder::new()
             .name("gostw-http".into())
             .spawn(move || -> anyhow::Result<()> {
@@ -210,18 +107,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     .enable_all()
                     .build()
                     .context("starting the HTTP runtime")?;
-                let stop2 = stop.clone();
                 let result = rt.block_on(async move {
-                    let shutdown = async move {
-                        tokio::select! {
-                            _ = wait_for_signal() => {}
-                            _ = server_done_rx => {}
-                        }
-                        stop2.store(true, Ordering::SeqCst);
-                    };
-                    server::serve(listener, metrics, shutdown).await
+                    server::serve(listener, metrics, async move {
+                        let _ = server_done_rx.await;
+                    })
+                    .await
                 });
-                stop.store(true, Ordering::SeqCst);
+                stopped.store(true, Ordering::SeqCst);
                 result
             })
             .context("starting the HTTP thread")?
@@ -234,76 +126,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         name: args.name,
         cgroup: args.cgroup,
     };
-    let limits = Limits {
-        max_executables: args.max_executables as usize,
-        max_label_sets: args.max_label_sets as usize,
-        ..Limits::default()
-    };
-    let mut programs = programs;
-    let mut ring = programs.take_events()?;
-    let mut stage = EventStage::default();
-    stage.faults = faults::FaultStage::attach(&mut programs, &metrics);
-    let mut agent = Agent::new(filter, EbpfKernel::new(programs), limits, metrics.clone());
-    let proc = ProcFs::new("/proc");
-    let mut counters = KernelCounters::default();
-    let mut result = Ok(());
-    let mut next_poll = Instant::now();
-    let mut last_poll = Instant::now();
-    let mut execs = match exec_events::watch() {
-        Ok(rx) => Some(rx),
-        Err(e) => {
-            log::info!(
-                "no exec notifications ({e}): new processes are found by polling every {:?}",
-                args.poll_interval
-            );
-            None
-        }
-    };
-    let mut drain = |agent: &mut Agent<EbpfKernel>| {
-        while let Some(raw) = ring.next() {
-            stage.handle(&raw, agent, &metrics);
-        }
-        stage.settle(agent);
-    };
-    while !stop.load(Ordering::SeqCst) {
-        drain(&mut agent);
-        if Instant::now() >= next_poll {
-            let started = Instant::now();
-            if let Err(e) = agent.poll(&proc, &mut drain) {
-                result = Err(e);
-                break;
+    let mut target = Target::host(filter, args.poll_interval);
+    let mut sink = MetricsSink::new(metrics.clone());
+    let result = loop {
+        // Back every second to see whether the HTTP server still runs.
+        let check = tokio::time::Instant::now() + Duration::from_secs(1);
+        match engine.run(&mut target, &mut sink, Some(check)).await {
+            Ok(Stop::Signal(_)) => break Ok(()),
+            Ok(_) if stopped.load(Ordering::SeqCst) => {
+                break Err(anyhow::anyhow!("the HTTP server stopped"));
             }
-            counters.update(agent.tracker().kernel().programs(), &metrics);
-            metrics
-                .stack_sampler_attached
-                .set(i64::from(agent.tracker().kernel().sampling()));
-            metrics
-                .poll_duration
-                .observe(started.elapsed().as_secs_f64());
-            metrics.last_poll_unix_seconds.set(
-                SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .map_or(0.0, |d| d.as_secs_f64()),
-            );
-            last_poll = started;
-            next_poll = started + args.poll_interval;
+            Ok(_) => continue,
+            Err(e) => break Err(e),
         }
-        let wait = TICK.min(next_poll.saturating_duration_since(Instant::now()));
-        match execs.as_ref().map(|rx| rx.recv_timeout(wait)) {
-            Some(Ok(_)) => {
-                let n = 1 + execs.as_ref().map_or(0, |rx| rx.try_iter().count());
-                metrics.exec_notifications.inc_by(n as u64);
-                // A program started: poll now, but not more often than
-                // EXEC_POLL_GAP however many programs a host starts.
-                next_poll = next_poll.min(last_poll + EXEC_POLL_GAP);
-            }
-            Some(Err(std::sync::mpsc::RecvTimeoutError::Timeout)) => {}
-            Some(Err(std::sync::mpsc::RecvTimeoutError::Disconnected)) => execs = None,
-            None => std::thread::sleep(wait),
-        }
-    }
-    drain(&mut agent);
-    agent.shutdown();
+    };
+    engine.finish(&mut sink);
     let _ = server_done_tx.send(());
     let served = server
         .join()
@@ -312,25 +149,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     result.and(served)
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        // Without signal handlers the default action still ends the process.
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::{discovery::tests::FakeProc, tracker::tests::FakeKernel};
+    use crate::sink::Sink as _;
+    use crate::{
+        engine::{
+            apply,
+            pause::WallClock,
+            stream::{Stream, StreamOptions, tests::pause_event},
+        },
+        targets::{
+            Changes,
+            discovery::{Discovery, ProcSource as _, tests::FakeProc},
+            tracker::{Tracker, tests::FakeKernel},
+        },
+    };
 
     fn text(m: &Metrics) -> String {
         let mut s = String::new();
@@ -338,38 +172,50 @@ mod tests {
         s
     }
 
-    const GC: PauseObservation = PauseObservation {
-        reason: "gc_mark_termination",
-        duration_ns: 30_000,
-        major_faults: 0,
-    };
-
-    /// /proc snapshots in, series out: a process's last pause, read between
-    /// the diff and forgetting it, still counts; then its series go.
+    /// /proc snapshots in, series out, through the agent's stages: a
+    /// process's last pause, read after the diff saw it exit, still counts;
+    /// then its series go.
     #[test]
     fn processes_come_and_go_through_the_whole_agent() {
         let metrics = Arc::new(Metrics::new());
+        let mut sink = MetricsSink::new(metrics.clone());
         let proc = FakeProc::default();
-        let mut agent = Agent::new(
-            Filter::default(),
-            FakeKernel::default(),
-            Limits::default(),
-            metrics.clone(),
-        );
+        let mut discovery = Discovery::new(Filter::default());
+        let mut tracker = Tracker::new(FakeKernel::default(), Limits::default());
+        let mut stream = Stream::new(WallClock::default(), StreamOptions::default());
+        let mut poll =
+            |tracker: &mut Tracker<FakeKernel>, stream: &mut Stream, out: &mut Vec<_>| {
+                let c = discovery.poll(&proc).unwrap();
+                let changes = Changes {
+                    started: c
+                        .started
+                        .into_iter()
+                        .map(|p| {
+                            let link = proc.exe_link(p.pid);
+                            (p, link)
+                        })
+                        .collect(),
+                    exited: c.exited,
+                    statuses: Vec::new(),
+                };
+                assert!(apply(tracker, stream, changes, false, out).is_none());
+            };
+        let mut out = Vec::new();
         proc.start(10, 1, 100, "/srv/api");
         proc.start(11, 1, 100, "/srv/api");
         proc.start(12, 1, 200, "/bin/bash");
-        agent.poll(&proc, |_| {}).unwrap();
+        poll(&mut tracker, &mut stream, &mut out);
+        sink.observe_all(&out);
+        out.clear();
         assert_eq!(metrics.processes_traced.get(), 2);
-        agent.pause(10, &GC);
+        stream.feed(&pause_event(10, 1, 1_000, 30_000), &mut out);
         proc.exit(10);
         proc.exit(11);
-        agent
-            .poll(&proc, |a| {
-                // The last pause of pid 11, read after the diff saw it exit.
-                a.pause(11, &GC);
-            })
-            .unwrap();
+        // The last pause of pid 11, in the ring buffer before the diff.
+        stream.feed(&pause_event(11, 1, 1_000, 30_000), &mut out);
+        poll(&mut tracker, &mut stream, &mut out);
+        sink.observe_all(&out);
+        out.clear();
         assert_eq!(metrics.processes_traced.get(), 0);
         assert_eq!(metrics.live_label_sets(), 0);
         let t = text(&metrics);
@@ -382,9 +228,10 @@ mod tests {
             "{t}"
         );
         // After that, a pause of the forgotten pid is counted as lost.
-        agent.pause(11, &GC);
+        stream.feed(&pause_event(11, 1, 100_000, 30_000), &mut out);
+        sink.observe_all(&out);
         assert!(text(&metrics).contains("gostw_agent_events_lost_total{stage=\"unattributed\"} 1"));
-        assert_eq!(agent.tracker().kernel().detaches, [1]);
+        assert_eq!(tracker.kernel().detaches, [1]);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use axum::{
 };
 use prometheus_client::encoding::text::encode;
 
-use super::metrics::Metrics;
+use crate::sink::metrics::Metrics;
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";

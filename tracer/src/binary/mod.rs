@@ -344,6 +344,11 @@ impl GoBinary {
         })
     }
 
+    /// `len` bytes of the file's contents at link-time address `vaddr`.
+    pub fn bytes_at(&self, vaddr: u64, len: usize) -> Option<&[u8]> {
+        self.image.bytes_at(vaddr, len)
+    }
+
     /// A `.symtab` symbol's address, if the binary has one by that name.
     pub fn symbol(&self, name: &str) -> Option<u64> {
         self.image.symbols.get(name).map(|&(addr, _)| addr)

@@ -29,13 +29,53 @@ pub enum PclnFormat {
 
 /// Where a PC comes from in the source; innermost inlined call first when a
 /// PC yields several.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Frame {
     pub function: String,
+    /// Empty when unknown.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub file: String,
+    /// 0 when unknown.
+    #[serde(skip_serializing_if = "is_zero")]
     pub line: u32,
     /// Inlined into the frame that follows it.
     pub inlined: bool,
+    /// Line of the function's `func` keyword (Go 1.20+ tables; 0 when
+    /// unknown): pprof's `Function.start_line`, which Go's PGO keys on.
+    #[serde(skip)]
+    pub start_line: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl Frame {
+    /// A frame for an address no table knows: named by the address.
+    pub fn unknown(pc: u64) -> Frame {
+        Frame {
+            function: format!("{pc:#x}"),
+            file: String::new(),
+            line: 0,
+            inlined: false,
+            start_line: 0,
+        }
+    }
+}
+
+/// `function (file:line)`, or just the function when the place is unknown.
+impl std::fmt::Display for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.function)?;
+        if !self.file.is_empty() {
+            write!(f, " ({}", self.file)?;
+            if self.line != 0 {
+                write!(f, ":{}", self.line)?;
+            }
+            f.write_str(")")?;
+        }
+        Ok(())
+    }
 }
 
 /// The parsed header of a function table and what it needs to resolve
@@ -73,6 +113,8 @@ struct Func {
     pcln: u32,
     npcdata: u32,
     cu_offset: u32,
+    /// Go 1.20+ only; 0 before.
+    start_line: u32,
     nfuncdata: u32,
     /// Table offset of the pcdata array that follows the record.
     data: usize,
@@ -227,6 +269,10 @@ impl Pclntab {
             pcln: field(5)?,
             npcdata: field(6)?,
             cu_offset: field(7)?,
+            start_line: match self.format {
+                PclnFormat::Go120 => field(8)?,
+                _ => 0,
+            },
             nfuncdata: u32::from(nfuncdata),
             data: f + header_len,
         })
@@ -372,9 +418,9 @@ impl Pclntab {
             // Go 1.18-1.19 inlinedCall: parent i16, funcID u8, pad, file
             // i32, line i32, func_ i32, parentPc i32. Go 1.20+: funcID u8,
             // pad [3], nameOff i32, parentPc i32, startLine i32.
-            let (size, name_at, parent_pc_at) = match self.format {
-                PclnFormat::Go118 => (20u64, 12u64, 16u64),
-                _ => (16, 4, 8),
+            let (size, name_at, parent_pc_at, start_line_at) = match self.format {
+                PclnFormat::Go118 => (20u64, 12u64, 16u64, None),
+                _ => (16, 4, 8, Some(12usize)),
             };
             while frames.len() < MAX_INLINE_DEPTH {
                 let Some(ix) = self.pcvalue(index_table, f.entry, pc) else {
@@ -396,6 +442,7 @@ impl Pclntab {
                     file,
                     line,
                     inlined: true,
+                    start_line: start_line_at.map_or(0, |at| le_u32(&call[at..])),
                 });
                 pc = f.entry.wrapping_add(u64::from(parent_pc));
             }
@@ -406,6 +453,7 @@ impl Pclntab {
             file,
             line,
             inlined: false,
+            start_line: f.start_line,
         });
         frames
     }

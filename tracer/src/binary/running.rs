@@ -12,7 +12,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::{BinaryError, GoBinary, Segment};
+use super::{BinaryError, GoBinary};
 
 /// Where a process's executable is.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -93,82 +93,5 @@ impl GoBinary {
             }
             other => other,
         })
-    }
-}
-
-/// How far the process's mapping of its executable (whose loadable
-/// segments are `segments`) is from its link-time
-/// addresses: runtime address = link-time address + bias. 0 for non-PIE.
-pub fn load_bias(pid: u32, segments: &[Segment]) -> Result<u64, BinaryError> {
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))
-        .map_err(|e| proc_error(pid, format!("cannot read its memory map: {e}")))?;
-    let exe = fs::metadata(format!("/proc/{pid}/exe"))
-        .map_err(|e| proc_error(pid, format!("cannot stat its executable: {e}")))?;
-    bias_from_maps(&maps, exe.ino(), segments)
-        .ok_or_else(|| proc_error(pid, "its executable is not mapped"))
-}
-
-/// The bias from the lowest mapping of the file with inode `ino`.
-fn bias_from_maps(maps: &str, ino: u64, segments: &[Segment]) -> Option<u64> {
-    let (start, offset) = maps
-        .lines()
-        .filter_map(|line| {
-            let mut f = line.split_whitespace();
-            let range = f.next()?;
-            let _perms = f.next()?;
-            let offset = u64::from_str_radix(f.next()?, 16).ok()?;
-            let _dev = f.next()?;
-            let inode: u64 = f.next()?.parse().ok()?;
-            let start = u64::from_str_radix(range.split('-').next()?, 16).ok()?;
-            (inode == ino).then_some((start, offset))
-        })
-        .min()?;
-    // The segment holding that file offset gives the link address mapped there.
-    let seg = segments
-        .iter()
-        .filter(|s| s.offset <= offset.saturating_add(0xfff))
-        .max_by_key(|s| s.offset)?;
-    let linked = seg.vaddr.checked_add(offset)?.checked_sub(seg.offset)?;
-    // Page-align as the kernel did when mapping.
-    Some(start.wrapping_sub(linked & !0xfff))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn seg(vaddr: u64, offset: u64, flags: u32) -> Segment {
-        Segment {
-            vaddr,
-            memsz: 0x10000,
-            offset,
-            filesz: 0x10000,
-            flags,
-        }
-    }
-
-    #[test]
-    fn bias_of_pie_and_fixed_executables() {
-        // Go's layout: text at 0x400000 from file offset 0, then rodata.
-        let segments = [seg(0x400000, 0, 5), seg(0x529000, 0x129000, 4)];
-        let pie = "\
-55d0aaa00000-55d0aab29000 r-xp 00000000 fd:01 1234 /srv/app
-55d0aab29000-55d0aac76000 r--p 00129000 fd:01 1234 /srv/app
-7f0000000000-7f0000001000 rw-p 00000000 00:00 0
-";
-        assert_eq!(
-            bias_from_maps(pie, 1234, &segments),
-            Some(0x55d0aaa00000 - 0x400000)
-        );
-        let fixed = "00400000-00529000 r-xp 00000000 fd:01 77 /srv/app\n";
-        assert_eq!(bias_from_maps(fixed, 77, &segments), Some(0));
-        // Only a later segment mapped (the first was unmapped): still right.
-        let later = "55d0aab29000-55d0aac76000 r--p 00129000 fd:01 1234 /srv/app\n";
-        assert_eq!(
-            bias_from_maps(later, 1234, &segments),
-            Some(0x55d0aaa00000 - 0x400000)
-        );
-        assert_eq!(bias_from_maps(pie, 999, &segments), None);
-        assert_eq!(bias_from_maps("garbage\n", 1234, &segments), None);
     }
 }

@@ -209,7 +209,8 @@ fn synthetic_binary_gives_functions_and_lines() {
             function: "main.a".into(),
             file: "a.go".into(),
             line: 10,
-            inlined: false
+            inlined: false,
+            start_line: 1,
         }
     );
     assert_eq!(frame(TEXT + 9).line, 11);

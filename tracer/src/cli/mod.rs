@@ -1,5 +1,5 @@
-//! The tracing subcommands (`attach`, `run`, `stacks`): their shared options and the
-//! event loop both run until the trace ends.
+//! The command line's front ends: each is a target, options and a report
+//! view on the one engine (`trace`).
 
 pub mod attach;
 pub mod faults;
@@ -7,24 +7,19 @@ pub mod memory;
 pub mod run;
 pub mod stacks;
 
-use std::{future::Future, path::PathBuf, time::Duration};
+use std::{ffi::OsString, path::PathBuf, time::Duration};
 
-use anyhow::Context as _;
-use tokio::signal::unix::{SignalKind, signal};
+use anyhow::{Context as _, bail};
 use tracer::{
-    binary::GoBinary,
-    events::EventReader,
-    faults::{FaultSource, FaultTracer},
-    pipeline::Pipeline,
-    report::{Output, ProcessInfo, Summary},
-    session::Session,
-    stackgrowth::{
-        GoSymbols, Mode, StackGrowthAggregator, StackGrowthOptions, StackGrowthProbes, goroutines,
-    },
+    engine::{Engine, Stop},
+    kernel::{CoreOptions, capabilities::FaultSource, stacks::StackGrowthOptions},
+    sink::report::{Output, ReportSink, View},
+    stackgrowth::Mode,
+    targets::{Target, tracker::Limits},
     units::parse_duration,
 };
 
-/// Options of every tracing subcommand.
+/// Options of `attach` and `run`.
 #[derive(clap::Args, Debug)]
 pub struct TraceOptions {
     /// Stop tracing after this long (e.g. 30s, 5m); default: until Ctrl-C or
@@ -62,7 +57,23 @@ pub enum StacksOption {
 }
 
 impl TraceOptions {
-    /// The output these options ask for.
+    /// What the core traces for these options.
+    pub fn core(&self) -> CoreOptions {
+        let mode = match self.stacks {
+            StacksOption::Off => None,
+            StacksOption::Sampled => Some(Mode::Sampled),
+            StacksOption::Exact => Some(Mode::Exact),
+        };
+        CoreOptions {
+            faults: (!self.no_faults).then_some(self.fault_source),
+            stacks: mode.map(|mode| StackGrowthOptions {
+                mode,
+                ..StackGrowthOptions::default()
+            }),
+        }
+    }
+
+    /// The live output these options ask for.
     pub fn output(&self) -> anyhow::Result<Output> {
         let default = if self.json {
             Duration::ZERO
@@ -70,277 +81,139 @@ impl TraceOptions {
             Duration::from_millis(1)
         };
         let threshold = self.threshold.unwrap_or(default).as_nanos() as u64;
-        let out: Box<dyn std::io::Write> = match &self.output {
-            Some(path) => Box::new(std::io::BufWriter::new(
-                std::fs::File::create(path)
-                    .with_context(|| format!("creating {}", path.display()))?,
-            )),
-            None => Box::new(std::io::stdout()),
-        };
-        Ok(Output::new(out, self.json, threshold))
+        Ok(Output::new(
+            writer(self.output.as_ref())?,
+            self.json,
+            threshold,
+        ))
     }
 }
 
-/// The tracers besides pauses (major faults, stack growth), attached before
-/// the traced process is added to the session.
-pub struct Explainers {
-    faults: Option<FaultTracer>,
-    stacks: Option<StackWatch>,
+/// Standard output, or a new file.
+pub fn writer(path: Option<&PathBuf>) -> anyhow::Result<Box<dyn std::io::Write>> {
+    Ok(match path {
+        Some(path) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        )),
+        None => Box::new(std::io::stdout()),
+    })
 }
 
-/// Stack growth of the one traced process.
-struct StackWatch {
-    probes: StackGrowthProbes,
-    mode: Mode,
-    symbols: GoSymbols,
-    bias_known: bool,
-    pid: u32,
-    peak_goroutines: Option<u64>,
-}
-
-impl Explainers {
-    /// Attach what `opts` asks for to `session`, for `binary`. A tracer
-    /// that cannot attach on this kernel is left out with a warning, so
-    /// pauses are still traced.
-    pub fn attach(
-        session: &mut Session,
-        opts: &TraceOptions,
-        binary: &GoBinary,
-    ) -> anyhow::Result<Explainers> {
-        let faults = if opts.no_faults {
-            None
-        } else {
-            match FaultTracer::attach(session.programs(), opts.fault_source) {
-                Ok(t) => {
-                    log::info!("fault backend {:?}: {}", t.choice.backend, t.choice.reason);
-                    Some(t)
+/// `--pid PID` or `-- CMD ARGS`, as a target.
+pub fn target_of(pid: Option<u32>, command: &[OsString]) -> anyhow::Result<Target> {
+    match (pid, command.split_first()) {
+        (Some(pid), _) => Ok(Target::pid(pid)?),
+        (None, Some((program, args))) => {
+            let path = which_program(program)?;
+            // Before anything starts: the program must be one gostw can trace.
+            match tracer::image::ExecutableImage::open(&path) {
+                Err(
+                    tracer::binary::BinaryError::NotGo { .. }
+                    | tracer::binary::BinaryError::NotElf { .. },
+                ) => {
+                    bail!(
+                        "{} is not a Go program: gostw traces Go programs (Go 1.19 or later)",
+                        path.display()
+                    )
                 }
-                Err(e) if opts.fault_source == FaultSource::Auto => {
-                    eprintln!("gostw: major faults not traced: {e:#}");
-                    None
-                }
-                Err(e) => return Err(e.context("attaching the fault backend")),
+                Err(e) => return Err(e.into()),
+                Ok(_) => {}
             }
-        };
-        let mode = match opts.stacks {
-            StacksOption::Off => None,
-            StacksOption::Sampled => Some(Mode::Sampled),
-            StacksOption::Exact => Some(Mode::Exact),
-        };
-        let stacks = match mode {
-            None => None,
-            Some(mode) => {
-                let attached = GoSymbols::new(binary).and_then(|symbols| {
-                    let o = StackGrowthOptions {
-                        mode,
-                        ..StackGrowthOptions::default()
-                    };
-                    let probes = StackGrowthProbes::attach(session.programs(), binary, o)?;
-                    Ok(StackWatch {
-                        probes,
-                        mode,
-                        bias_known: !binary.pie,
-                        symbols,
-                        pid: 0,
-                        peak_goroutines: None,
-                    })
-                });
-                match attached {
-                    Ok(w) => Some(w),
-                    Err(e) => {
-                        eprintln!("gostw: stack growth not traced: {e:#}");
-                        None
-                    }
-                }
-            }
-        };
-        Ok(Explainers { faults, stacks })
-    }
-
-    /// Watch `pid` (once it is in the session's traced set); `running`
-    /// when it already runs its program (attach), not just exec'd (run).
-    pub fn watch(&mut self, pid: u32, running: bool) {
-        if let Some(f) = &mut self.faults
-            && running
-            && let Err(e) = f.add_process(pid)
-        {
-            log::warn!("fault symbols of pid {pid}: {e:#}");
+            Target::child(path, args)
         }
-        if let Some(s) = &mut self.stacks {
-            s.probes.watch(pid);
-            s.pid = pid;
-        }
+        (None, None) => bail!("give --pid PID or -- COMMAND ARGS"),
     }
 }
 
-impl StackWatch {
-    /// Drive the exact mode's duty cycle; read the load bias and goroutine
-    /// count while the process lives.
-    fn tick(&mut self, session: &mut Session) -> anyhow::Result<()> {
-        if !self.bias_known {
-            self.bias_known = self.symbols.elf.set_bias_from_process(self.pid).is_ok();
-        }
-        if self.bias_known {
-            self.peak_goroutines =
-                goroutines::peak_goroutines(self.pid, &self.symbols.elf).or(self.peak_goroutines);
-        }
-        self.probes.tick(session.programs())
-    }
-}
-
-/// Why the event loop returned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stop {
-    /// `--duration` elapsed.
-    Duration,
-    /// SIGINT or SIGTERM (the signal number).
-    Signal(i32),
-    /// The traced process exited.
-    Exited,
-}
-
-/// The state of one trace: the session, its events and where they go.
+/// One front end's trace.
 pub struct Trace {
-    pub session: Session,
-    pub reader: EventReader,
-    pub pipeline: Pipeline,
-    pub output: Output,
-    pub started: std::time::Instant,
-    stacks: Option<StackWatch>,
+    pub target: Target,
+    pub core: CoreOptions,
+    pub sink: ReportSink,
+    pub duration: Option<Duration>,
+    /// After tracing stops, wait for a started program and take its exit
+    /// code (`run`); otherwise it keeps running untraced.
+    pub wait_for_child: bool,
 }
 
-impl Trace {
-    /// Start reading events of `session` into `output`.
-    pub fn new(
-        mut session: Session,
-        output: Output,
-        explainers: Explainers,
-    ) -> anyhow::Result<Trace> {
-        let mut pipeline = Pipeline::new(tracer::pauses::WallClock::now());
-        pipeline.faults = explainers.faults;
-        pipeline.stacks = explainers
-            .stacks
-            .as_ref()
-            .map(|s| StackGrowthAggregator::new(s.mode));
-        Ok(Trace {
-            reader: session.event_reader()?,
-            session,
-            pipeline,
-            output,
-            started: std::time::Instant::now(),
-            stacks: explainers.stacks,
-        })
-    }
-
-    /// Handle events until `exited` resolves, `deadline` passes, or a
-    /// signal arrives.
-    pub async fn run_until(
-        &mut self,
-        exited: impl Future<Output = ()>,
-        deadline: Option<tokio::time::Instant>,
-    ) -> anyhow::Result<Stop> {
-        let mut sigint = signal(SignalKind::interrupt())?;
-        let mut sigterm = signal(SignalKind::terminate())?;
-        let sleep = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::pin!(exited, sleep);
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let Trace {
-            session,
-            reader,
-            pipeline,
-            output,
-            stacks,
-            ..
-        } = self;
-        let mut write_error = None;
-        let stop = loop {
-            tokio::select! {
-                r = reader.read_batch(|raw| handle(pipeline, output, raw, &mut write_error)) => {
-                    r.context("reading the events ring buffer")?;
-                    if let Some(e) = write_error.take() {
-                        return Err(e).context("writing the trace");
-                    }
+/// Run `t` on the engine until its process exits, its duration passes or a
+/// signal; then write the report. Returns the exit code for gostw.
+pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
+    let mut engine = Engine::new(t.core, Limits::default())?;
+    // One process is traced; when it goes, so does gostw.
+    engine.core().leave();
+    let deadline = t.duration.map(|d| tokio::time::Instant::now() + d);
+    t.sink.announce = matches!(t.target, Target::Pid(_));
+    loop {
+        let stop = engine.run(&mut t.target, &mut t.sink, deadline).await;
+        if let Some(e) = t.sink.take_write_error() {
+            return Err(e).context("writing the trace");
+        }
+        match stop? {
+            Stop::Exited | Stop::Duration => break,
+            Stop::Signal(sig) => {
+                let Some(pid) = t.target.child_mut().map(|c| c.id()) else {
+                    break;
+                };
+                // Ctrl-C reaches the program through the terminal too; give it
+                // a moment to act on that before passing the signal on.
+                if sig == libc::SIGINT
+                    && tokio::time::timeout(Duration::from_secs(2), t.target.exited())
+                        .await
+                        .is_ok()
+                {
+                    continue;
                 }
-                _ = tick.tick() => {
-                    if let Some(s) = stacks {
-                        s.tick(session)?;
-                    }
+                if !t.wait_for_child {
+                    break;
                 }
-                () = &mut exited => break Stop::Exited,
-                () = &mut sleep => break Stop::Duration,
-                _ = sigint.recv() => break Stop::Signal(libc::SIGINT),
-                _ = sigterm.recv() => break Stop::Signal(libc::SIGTERM),
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(pid as libc::pid_t, sig) };
             }
-        };
-        self.drain()?;
-        Ok(stop)
+        }
     }
-
-    /// Handle the events already in the ring buffer.
-    pub fn drain(&mut self) -> anyhow::Result<()> {
-        let Trace {
-            reader,
-            pipeline,
-            output,
-            ..
-        } = self;
-        let mut write_error = None;
-        reader.drain(|raw| handle(pipeline, output, raw, &mut write_error));
-        write_error.map_or(Ok(()), Err).context("writing the trace")
+    let pid = t.target.single();
+    engine.finish(&mut t.sink);
+    let exited = t.target.finished();
+    match (pid, exited, t.target.child_mut().is_some()) {
+        (Some(pid), false, _) => {
+            eprintln!("gostw: tracing stopped; pid {pid} keeps running untraced")
+        }
+        (Some(pid), true, false) => eprintln!("gostw: pid {pid} exited"),
+        _ => {}
     }
-
-    /// Print the summary for `processes`.
-    pub fn finish(&mut self, processes: &[ProcessInfo]) -> anyhow::Result<()> {
-        self.drain()?;
-        let counters = self.session.counters()?;
-        let stack_growth = match (&mut self.stacks, &mut self.pipeline.stacks) {
-            (Some(s), Some(agg)) => {
-                // The process may be gone; what was read while it lived stands.
-                let _ = s.tick(&mut self.session);
-                s.probes.collect(self.session.programs(), s.pid, agg)?;
-                let goroutines = s.peak_goroutines.map(|n| (n, goroutines::SOURCE));
-                let summary = agg.summary(&s.symbols, goroutines);
-                tracer::stackgrowth::forget_process(self.session.programs(), s.pid)?;
-                Some(summary)
-            }
-            _ => None,
-        };
-        let mut summary = Summary::new(
-            &self.pipeline,
-            processes,
-            &counters,
-            self.started.elapsed().as_nanos() as u64,
-        );
-        summary.stack_growth = stack_growth;
-        self.output.summary(&summary).context("writing the summary")
-    }
+    t.sink
+        .finish(engine.elapsed().as_nanos() as u64)
+        .context("writing the summary")?;
+    let code = match (t.target.exit_status(), t.target.child_mut()) {
+        (Some(code), _) => code,
+        (None, Some(child)) if t.wait_for_child => tracer::targets::exit_code(child.wait()?),
+        _ => 0,
+    };
+    // Everything is untraced and written: let the kernel detach the probes
+    // after gostw has gone.
+    tracer::kernel::teardown::detach_after_exit(engine);
+    Ok(code)
 }
 
-/// One raw event through the pipeline to the output; keeps the first write
-/// error (the caller stops on it after the batch).
-fn handle(
-    pipeline: &mut Pipeline,
-    output: &mut Output,
-    raw: &[u8],
-    write_error: &mut Option<std::io::Error>,
-) {
-    if let Some(rec) = pipeline.feed(raw)
-        && let Err(e) = output.record(&rec)
-    {
-        write_error.get_or_insert(e);
-    }
+/// A report sink for `view` with what `core` traces.
+pub fn report(view: View, output: Output, core: &CoreOptions) -> ReportSink {
+    ReportSink::new(
+        view,
+        output,
+        core.faults.is_some(),
+        core.stacks.map(|s| s.mode),
+    )
 }
 
-/// The exit code a shell would report for a wait status.
-pub fn exit_code(status: std::process::ExitStatus) -> i32 {
-    use std::os::unix::process::ExitStatusExt as _;
-    status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(1)
+/// Resolve a program name the way a shell would.
+pub fn which_program(program: &std::ffi::OsStr) -> anyhow::Result<PathBuf> {
+    let p = std::path::Path::new(program);
+    if p.components().count() > 1 {
+        return p.canonicalize().with_context(|| format!("{}", p.display()));
+    }
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|dir| dir.join(p))
+        .find(|c| c.is_file())
+        .with_context(|| format!("{} not found in PATH", p.display()))
 }

@@ -67,10 +67,16 @@ pub(super) fn read(
     let exe_inode = std::fs::metadata(format!("/proc/{pid}/exe"))
         .ok()
         .map(|m| m.ino());
-    let bias = match running::load_bias(pid, bin.load_segments()) {
-        Ok(b) => b,
-        Err(e) => {
-            notes.push(format!("the executable's bss was not located: {e}"));
+    let bias = match exe_inode.and_then(|ino| {
+        crate::image::maps::load_bias(
+            &crate::image::maps::read(pid).ok()?,
+            ino,
+            bin.load_segments(),
+        )
+    }) {
+        Some(b) => b,
+        None => {
+            notes.push("the executable's bss was not located: it is not mapped".into());
             0
         }
     };

@@ -118,44 +118,37 @@ fn kib(value: &str) -> Option<u64> {
     (f.next()? == "kB").then_some(n * 1024)
 }
 
-/// A mapping header line (`start-end perms offset dev inode [path]`), or
-/// `None` for a field line.
+/// A mapping header line (`start-end perms offset dev inode [path]`, read by
+/// the one maps parser), or `None` for a field line.
 fn header(line: &str) -> Option<Result<Mapping, String>> {
-    let (range, rest) = line.split_once(' ')?;
+    // Field lines are `Key:   value`; a header starts with an address range.
+    let (range, _) = line.split_once(' ')?;
     let (start, end) = range.split_once('-')?;
-    let start = u64::from_str_radix(start, 16).ok()?;
-    let end = u64::from_str_radix(end, 16).ok()?;
-    Some(parse_header(start, end, rest))
-}
-
-fn parse_header(start: u64, end: u64, rest: &str) -> Result<Mapping, String> {
-    let mut f = rest.splitn(4, ' ');
-    let perms = f.next().filter(|p| p.len() == 4).ok_or("bad permissions")?;
-    let offset = f
-        .next()
-        .and_then(|o| u64::from_str_radix(o, 16).ok())
-        .ok_or("bad offset")?;
-    let _dev = f.next().ok_or("no device")?;
-    let rest = f.next().unwrap_or("").trim_start();
-    let (inode, path) = rest.split_once(' ').unwrap_or((rest, ""));
-    let inode = inode.parse().map_err(|_| "bad inode")?;
-    if end < start {
-        return Err("end before start".into());
+    u64::from_str_radix(start, 16).ok()?;
+    u64::from_str_radix(end, 16).ok()?;
+    let Some(m) = crate::image::maps::parse_line(line) else {
+        return Some(Err("malformed mapping line".into()));
+    };
+    if m.end < m.start {
+        return Some(Err("end before start".into()));
     }
-    let p = perms.as_bytes();
-    Ok(Mapping {
-        start,
-        end,
+    let p = m.perms.as_bytes();
+    if p.len() != 4 {
+        return Some(Err("bad permissions".into()));
+    }
+    Some(Ok(Mapping {
+        start: m.start,
+        end: m.end,
         readable: p[0] == b'r',
         writable: p[1] == b'w',
         executable: p[2] == b'x',
         private: p[3] == b'p',
-        offset,
-        inode,
-        backing: backing(path.trim()),
+        offset: m.offset,
+        inode: m.inode,
+        backing: backing(m.path.trim()),
         rss: 0,
         swap: 0,
-    })
+    }))
 }
 
 fn backing(path: &str) -> Backing {

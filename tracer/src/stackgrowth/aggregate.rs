@@ -18,9 +18,9 @@ use super::{
         GO_STACK_GUARD, NEGLIGIBLE_COPIED_BYTES_PER_SEC, NEGLIGIBLE_CPU_SHARE,
         NEGLIGIBLE_GROWTHS_PER_SEC, Recommendation, grown_size, human_bytes, recommend,
     },
-    symbolize::{CodeLocation, Symbolizer},
+    symbolize::Symbolizer,
 };
-use crate::events::{self, DecodeError};
+use crate::image::Frame;
 
 /// Sampled goroutine stacks kept for the report (the first ones win).
 const MAX_SAMPLES: usize = 4096;
@@ -81,18 +81,6 @@ impl StackGrowthAggregator {
         if self.samples.len() < MAX_SAMPLES {
             self.samples.push(*ev);
         }
-    }
-
-    /// Decode a raw ring-buffer record and add it if it is a stack-growth
-    /// event; other kinds are left to their own consumers (`Ok(false)`).
-    pub fn add_event_bytes(&mut self, bytes: &[u8]) -> Result<bool, DecodeError> {
-        let (_, kind) = events::header(bytes)?;
-        if kind != tracer_common::event::EventKind::StackGrowth {
-            return Ok(false);
-        }
-        let ev: StackGrowthEvent = events::decode(kind, bytes)?;
-        self.add_event(&ev);
-        Ok(true)
     }
 
     /// Sampled mode: CPU samples of the process, and those that caught it
@@ -278,8 +266,8 @@ impl StackGrowthAggregator {
 /// One call site: the function that needed more stack, and its caller.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct SiteSummary {
-    pub site: CodeLocation,
-    pub caller: CodeLocation,
+    pub site: Frame,
+    pub caller: Frame,
     /// One PC of the site (for symbolizing later).
     pub site_pc: u64,
     /// Growths (exact) or samples (sampled).
@@ -293,7 +281,7 @@ pub struct SiteSummary {
     /// Size after -> count (sampled: estimated from the frame size).
     pub new_sizes: BTreeMap<u64, u64>,
     /// One sampled goroutine stack through this site, innermost first.
-    pub example_stack: Vec<CodeLocation>,
+    pub example_stack: Vec<Frame>,
 }
 
 /// The stack-growth report of one process.
@@ -451,17 +439,19 @@ mod tests {
     /// Symbols for made-up PCs: 0x1000.. deep, 0x2000.. task, 0x3000.. other.
     struct Fake;
     impl Symbolizer for Fake {
-        fn symbolize(&self, pc: u64) -> Option<CodeLocation> {
+        fn symbolize(&self, pc: u64) -> Option<Frame> {
             let name = match pc >> 12 {
                 1 => "main.deep19k",
                 2 => "main.task",
                 3 => "main.other",
                 _ => return None,
             };
-            Some(CodeLocation {
+            Some(Frame {
                 function: name.into(),
-                file: None,
-                line: None,
+                file: String::new(),
+                line: 0,
+                inlined: false,
+                start_line: 0,
             })
         }
         fn max_frame(&self, pc: u64) -> Option<u64> {
@@ -616,24 +606,5 @@ mod tests {
         let s = a.summary(&NoSymbols, None);
         assert_eq!(s.growths, 0);
         assert!(s.recommendation.negligible);
-    }
-
-    #[test]
-    fn raw_events_decode_and_other_kinds_pass_through() {
-        let ev = event(0x1010, 2048, 100, 5);
-        // SAFETY: plain-old-data struct viewed as bytes.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(
-                (&raw const ev).cast::<u8>(),
-                std::mem::size_of::<StackGrowthEvent>(),
-            )
-        };
-        let mut a = StackGrowthAggregator::new(Mode::Sampled);
-        assert_eq!(a.add_event_bytes(bytes), Ok(true));
-        let mut pause = bytes.to_vec();
-        pause[0] = EventKind::Pause as u8;
-        assert_eq!(a.add_event_bytes(&pause), Ok(false));
-        assert!(a.add_event_bytes(&bytes[..100]).is_err());
-        assert_eq!(a.goroutines_seen(), 1);
     }
 }

@@ -6,15 +6,16 @@
 
 use std::{fs::File, os::unix::fs::FileExt as _};
 
-use super::ElfSymbols;
+use crate::image::ProcessImage;
 
 /// Where the count in a summary came from.
 pub const SOURCE: &str = "runtime.allglen: peak goroutines";
 
-/// The current `runtime.allglen` of process `pid`, if readable.
-pub fn peak_goroutines(pid: u32, symbols: &ElfSymbols) -> Option<u64> {
-    let addr = symbols.allglen_address()?;
-    let mem = File::open(format!("/proc/{pid}/mem")).ok()?;
+/// The current `runtime.allglen` of the process, if readable.
+pub fn peak_goroutines(process: &ProcessImage) -> Option<u64> {
+    let link = process.exe.binary.symbol("runtime.allglen")?;
+    let addr = process.runtime_address(link)?;
+    let mem = File::open(format!("/proc/{}/mem", process.pid)).ok()?;
     let mut buf = [0u8; 8];
     mem.read_exact_at(&mut buf, addr).ok()?;
     let n = u64::from_le_bytes(buf);

@@ -1,26 +1,22 @@
 //! Goroutine stack growth: which call sites grow stacks, how often, to which
 //! sizes, what it costs, and the starting stack that would avoid most of it.
 //!
-//! - `probes`: attaching the kernel side (exact: duty-cycled copystack
-//!   uprobe; sampled: per-CPU CPU-clock perf events) and reading its counts.
+//! (The kernel side, attaching and reading its counts, is `kernel::stacks`.)
 //! - `aggregate`: pure aggregation into a `StackGrowthSummary` (serde) with a
 //!   text renderer.
 //! - `recommend`: the starting-stack recommendation.
-//! - `symbolize`, `frames`: PCs to code locations (pclntab) and frame sizes
-//!   (function prologues); the `Symbolizer` trait is what aggregation sees.
+//! - `symbolize`: what aggregation needs of code (the process image's frames
+//!   and frame sizes, from `image::frames`).
 //! - `goroutines`: the peak goroutine count of a live process.
 
 pub mod aggregate;
-pub mod frames;
 pub mod goroutines;
-pub mod probes;
 pub mod recommend;
 pub mod symbolize;
 
 pub use aggregate::{SiteSummary, StackGrowthAggregator, StackGrowthSummary};
-pub use probes::{DutyCycle, StackGrowthOptions, StackGrowthProbes, forget_process, site_counts};
 pub use recommend::Recommendation;
-pub use symbolize::{CodeLocation, ElfSymbols, GoSymbols, NoSymbols, Symbolizer};
+pub use symbolize::{NoSymbols, Symbolizer};
 
 /// How stack growth is observed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]

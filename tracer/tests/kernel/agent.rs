@@ -12,10 +12,9 @@ use std::{
 };
 
 use serde_json::Value;
-use tracer::agent::{
-    kernel::EbpfKernel,
-    metrics::FailureReason,
-    tracker::{AttachError, Kernel as _},
+use tracer::{
+    kernel::{Core, CoreOptions},
+    targets::tracker::{AttachError, FailureReason, Kernel as _},
 };
 
 use crate::{
@@ -456,7 +455,17 @@ fn agent_exports_major_faults_in_pauses() {
             .map(|(_, b)| b)
             .unwrap_or_default()
     };
-    // The backend is attached once, after the server is up.
+    let mut workload = GcSwap::start(&bin, ARGS, ENV, |pid| cgroup.add(pid));
+    let pid = workload.pid;
+    wait_until("gcswap to be traced", Duration::from_secs(30), || {
+        (sum_series(
+            &format!("{}\n", metrics()),
+            "gostw_traced_processes",
+            &[r#"executable="gcswap""#],
+        ) == 1.0)
+            .then_some(())
+    });
+    // The backend is attached with the first traced process, once.
     let backend = wait_until("the fault backend", Duration::from_secs(30), || {
         let body = metrics();
         ["kprobe", "tracepoint", "none"]
@@ -475,16 +484,6 @@ fn agent_exports_major_faults_in_pauses() {
             .contains(&format!("major faults: {backend} backend"))
     );
 
-    let mut workload = GcSwap::start(&bin, ARGS, ENV, |pid| cgroup.add(pid));
-    let pid = workload.pid;
-    wait_until("gcswap to be traced", Duration::from_secs(30), || {
-        (sum_series(
-            &format!("{}\n", metrics()),
-            "gostw_traced_processes",
-            &[r#"executable="gcswap""#],
-        ) == 1.0)
-            .then_some(())
-    });
     // Idle until the first GC: faults from now on are the agent's to see.
     let majflt_traced = majflt(pid);
     for _ in 0..ROUNDS {
@@ -604,7 +603,7 @@ fn a_process_gone_before_attach_is_not_held_against_its_executable() {
     let mut child = Command::new("true").spawn().unwrap();
     let pid = child.id();
     child.wait().unwrap();
-    let mut kernel = EbpfKernel::new(tracer::ebpf::Programs::load().unwrap());
+    let mut kernel = Core::load(CoreOptions::default()).unwrap();
     match kernel.attach(pid, Path::new(&format!("/proc/{pid}/exe"))) {
         Err(AttachError::Failed {
             reason: FailureReason::ProcessGone,
@@ -750,4 +749,231 @@ fn agent_exports_stack_growth_per_executable() {
     for l in body.lines().filter(|l| l.contains("stack_growth")) {
         assert!(!l.contains("pid="), "no per-pid label: {l}");
     }
+}
+
+/// The agent's series of `exe`: pauses per reason and major faults in and
+/// outside pauses.
+fn agent_counts(body: &str, exe: &str) -> (std::collections::BTreeMap<String, u64>, u64, u64) {
+    let exe = format!("executable=\"{exe}\"");
+    let mut by_reason = std::collections::BTreeMap::new();
+    for line in body.lines() {
+        let Some(rest) = line.strip_prefix("gostw_pause_duration_seconds_count{") else {
+            continue;
+        };
+        if !rest.contains(&exe) {
+            continue;
+        }
+        let reason = rest
+            .split("reason=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next());
+        let n: f64 = rest.rsplit(' ').next().unwrap().parse().unwrap();
+        *by_reason.entry(reason.unwrap().to_owned()).or_default() += n as u64;
+    }
+    let faults = |in_pause: &str| {
+        sum_series(
+            body,
+            "gostw_major_faults_total",
+            &[&exe, &format!("in_pause=\"{in_pause}\"")],
+        ) as u64
+    };
+    (by_reason, faults("true"), faults("false"))
+}
+
+/// One engine, two front ends: the agent and `gostw attach` watch the same
+/// paged-out process over the same interval (the process is frozen at both
+/// ends) and count the same pauses per reason and the same major faults in
+/// and outside pauses.
+#[test]
+fn agent_and_attach_see_the_same_pauses_and_faults() {
+    require_root();
+    let _swap = SwapFile::create("agent-attach", 1);
+    let cgroup = MemCgroup::create("gostw-agent-attach");
+    let bin = build_workload("gcswap", &newest_go(), "", &[]);
+    let mut procs = Procs::new("agent-attach");
+    let port = free_port();
+    let matching = format!(
+        "^{}$",
+        regex::escape(&bin.canonicalize().unwrap().display().to_string())
+    );
+    start_agent(&mut procs, port, &matching);
+    let metrics = || {
+        http_get(port, "/metrics")
+            .map(|(_, b)| format!("{b}\n"))
+            .unwrap_or_default()
+    };
+    let mut workload = GcSwap::start(&bin, ARGS, ENV, |pid| cgroup.add(pid));
+    let pid = workload.pid;
+    wait_until("gcswap to be traced", Duration::from_secs(30), || {
+        (sum_series(
+            &metrics(),
+            "gostw_traced_processes",
+            &[r#"executable="gcswap""#],
+        ) == 1.0)
+            .then_some(())
+    });
+    let signal = |sig| {
+        // SAFETY: signalling our own child.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
+    };
+    // Frozen: nothing happens in it until both watch.
+    signal(libc::SIGSTOP);
+    let (attach, _stderr) = crate::faults::start_gostw(
+        &["attach", "--json", "--pid", &pid.to_string()],
+        "tracing pid",
+    );
+    // Everything before the freeze is settled in the agent (its correlator
+    // decides a fault's pause within 2 s).
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = agent_counts(&metrics(), "gcswap");
+    signal(libc::SIGCONT);
+    for _ in 0..ROUNDS {
+        let bytes = swap_out(pid, &cgroup);
+        assert!(bytes > 32 << 20, "paged out only {bytes} bytes");
+        workload.gc();
+    }
+    signal(libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(2500));
+    let after = agent_counts(&metrics(), "gcswap");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(attach.id() as libc::pid_t, libc::SIGINT) };
+    let out = attach.wait_with_output().unwrap();
+    assert!(out.status.success(), "gostw attach failed");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary: Value = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "summary")
+        .expect("no summary from gostw attach");
+    signal(libc::SIGCONT);
+    let _ = workload.quit();
+
+    let agent_reasons: std::collections::BTreeMap<String, u64> = after
+        .0
+        .iter()
+        .map(|(r, n)| (r.clone(), n - before.0.get(r).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let attach_reasons: std::collections::BTreeMap<String, u64> =
+        summary["processes"][0]["by_reason"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["reason"].as_str().unwrap().to_owned(),
+                    r["count"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+    let proc = &summary["faults"]["processes"][0];
+    let attach_faults = (
+        proc["in_pauses"]["faults"].as_u64().unwrap(),
+        proc["outside_pauses"]["faults"].as_u64().unwrap(),
+    );
+    let agent_faults = (after.1 - before.1, after.2 - before.2);
+    eprintln!(
+        "pauses per reason: agent {agent_reasons:?}, attach {attach_reasons:?}; \
+         major faults (in, outside pauses): agent {agent_faults:?}, attach {attach_faults:?}"
+    );
+    assert!(
+        attach_reasons.values().sum::<u64>() >= 2 * ROUNDS as u64,
+        "too few pauses seen: {attach_reasons:?}"
+    );
+    assert!(
+        attach_faults.0 > 0,
+        "no fault inside a pause: the page-out did not take"
+    );
+    assert_eq!(agent_reasons, attach_reasons);
+    assert_eq!(agent_faults, attach_faults);
+}
+
+/// `bpftool prog show` run counts of the programs named `names`, summed.
+fn run_counts(names: &[&str]) -> u64 {
+    let out = Command::new("bpftool")
+        .args(["prog", "show", "--json"])
+        .output()
+        .expect("running bpftool (cargo xtask setup installs it)");
+    assert!(out.status.success(), "bpftool prog show failed");
+    let progs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    progs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| {
+            p["name"]
+                .as_str()
+                .is_some_and(|n| names.iter().any(|w| n.starts_with(w)))
+        })
+        .map(|p| p["run_cnt"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// With nothing to trace, the agent runs no program on the fault or
+/// scheduler paths (it attaches them with its first traced process); once a
+/// process is traced, the same count rises, so the check can fail.
+#[test]
+fn an_idle_agent_runs_nothing_on_fault_or_scheduler_paths() {
+    require_root();
+    // BPF_ENABLE_STATS (run time statistics while the fd is open): unlike
+    // the sysctl, nobody else's write can turn it off under this test.
+    const BPF_ENABLE_STATS: libc::c_long = 32;
+    let attr: [u32; 2] = [0, 0]; // BPF_STATS_RUN_TIME
+    // SAFETY: the bpf syscall reads `size_of_val(&attr)` bytes of `attr`.
+    let stats_fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_ENABLE_STATS,
+            attr.as_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    };
+    assert!(
+        stats_fd >= 0,
+        "BPF_ENABLE_STATS: {}",
+        std::io::Error::last_os_error()
+    );
+    let hooks = ["fault_", "stack_sample"];
+    let bin = build_workload("stw", &newest_go(), "", &[]);
+    let mut procs = Procs::new("agent-idle");
+    let port = free_port();
+    let matching = format!(
+        "^{}$",
+        regex::escape(&bin.canonicalize().unwrap().display().to_string())
+    );
+    start_agent(&mut procs, port, &matching);
+    let base = run_counts(&hooks);
+    // Host activity: page faults and context switches in other processes.
+    let busy = Instant::now();
+    while busy.elapsed() < Duration::from_secs(60) {
+        let out = Command::new("sh")
+            .args([
+                "-c",
+                "for i in 1 2 3 4 5 6 7 8; do head -c 4000000 /dev/zero | wc -c >/dev/null; done",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+    }
+    let idle = run_counts(&hooks) - base;
+    // A Go process the agent traces: the hooks attach and run.
+    let mut go = Command::new(&bin)
+        .args(["-gc", "20"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let traced = wait_until("the hooks to run", Duration::from_secs(30), || {
+        let n = run_counts(&hooks) - base;
+        (n > idle).then_some(n)
+    });
+    let _ = go.wait();
+    // SAFETY: closing the statistics fd opened above.
+    unsafe { libc::close(stats_fd as i32) };
+    eprintln!(
+        "fault/scheduler/sampler program runs: idle agent {idle} in 60 s, {traced} once a Go process was traced"
+    );
+    assert_eq!(
+        idle, 0,
+        "an idle agent ran programs on the fault or scheduler paths"
+    );
 }

@@ -10,61 +10,55 @@
 use std::collections::BTreeMap;
 
 use tracer::{
-    binary::GoBinary,
-    events::EventReader,
-    faults::{FaultSource, FaultTracer, PauseWindow, backend::KernelSupport},
-    pauses::WallClock,
-    pipeline::{Pipeline, Record},
-    session::Session,
+    engine::Engine,
+    kernel::{CoreOptions, capabilities, capabilities::FaultSource},
+    sink::report::{Output, ReportSink, View},
 };
 
 use crate::{
     scenario::{GcSwap, MemCgroup, SwapFile, swap_out},
-    support::{build_workload, newest_go, require_root},
+    support::{build_workload, engine, newest_go, require_root},
 };
 
-/// One tracing session with its own backend.
+/// One engine with its own copy of the programs, maps and backend.
 struct Tracer {
-    session: Session,
-    faults: FaultTracer,
-    pipeline: Pipeline,
-    reader: EventReader,
+    engine: Engine,
+    sink: ReportSink,
 }
 
 impl Tracer {
-    fn new(binary: &GoBinary, source: FaultSource) -> Tracer {
-        let mut session = Session::new().unwrap();
-        let faults = FaultTracer::attach(session.programs(), source)
-            .unwrap_or_else(|e| panic!("attaching the {source:?} backend: {e:#}"));
-        session.attach_binary(binary).unwrap();
-        let reader = EventReader::new(session.programs().take_events().unwrap()).unwrap();
+    fn new(source: FaultSource) -> Tracer {
         Tracer {
-            session,
-            faults,
-            pipeline: Pipeline::new(WallClock::now()),
-            reader,
+            engine: engine(CoreOptions {
+                faults: Some(source),
+                stacks: None,
+            }),
+            sink: ReportSink::new(
+                View::Faults,
+                Output::new(Box::new(std::io::sink()), true, u64::MAX),
+                true,
+                None,
+            ),
         }
     }
 
+    fn trace(&mut self, pid: u32, path: &std::path::Path) {
+        self.engine
+            .trace_process(pid, path, &mut self.sink)
+            .unwrap();
+    }
+
     fn drain(&mut self) {
-        let Tracer {
-            faults,
-            pipeline,
-            reader,
-            ..
-        } = self;
-        reader.drain(|bytes| {
-            if let Some(Record::Pause(p)) = pipeline.feed(bytes) {
-                faults.add_window(PauseWindow::from(&p));
-            }
-            faults.handle_event(bytes);
-        });
+        self.engine.pump(&mut self.sink);
     }
 
     /// Faults per pause of `pid`, keyed by Go's pause start time.
-    fn faults_per_pause(&self, pid: u32) -> BTreeMap<u64, u64> {
-        self.faults
-            .summary()
+    fn faults_per_pause(&mut self, pid: u32) -> BTreeMap<u64, u64> {
+        self.engine.process_exited(pid, &mut self.sink);
+        self.sink
+            .summary(0)
+            .faults
+            .unwrap()
             .pauses
             .iter()
             .filter(|p| p.window.tgid == pid)
@@ -85,7 +79,9 @@ fn close(a: u64, b: u64, rel: f64, abs: u64) -> bool {
 #[test]
 fn kprobe_and_tracepoint_backends_agree_per_pause() {
     require_root();
-    if let Err(why) = KernelSupport::detect().kprobes {
+    let caps = capabilities::detect();
+    if !caps.kprobes.available {
+        let why = &caps.kprobes.detail;
         panic!(
             "this test needs kprobes ({why}); it runs in the VM suite (`cargo xtask vm-test`) \
              and the host's kernel test step skips it by name"
@@ -95,14 +91,10 @@ fn kprobe_and_tracepoint_backends_agree_per_pause() {
     let cgroup = MemCgroup::create("gostw-backends");
     let go = newest_go();
     let path = build_workload("gcswap", &go, "", &[]);
-    let binary = GoBinary::open(&path).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build()
-        .unwrap();
+    let rt = crate::support::runtime();
     let _guard = rt.enter();
-    let mut kprobe = Tracer::new(&binary, FaultSource::Kprobe);
-    let mut tracepoint = Tracer::new(&binary, FaultSource::Tracepoint);
+    let mut kprobe = Tracer::new(FaultSource::Kprobe);
+    let mut tracepoint = Tracer::new(FaultSource::Tracepoint);
 
     // Async preemption off, as in the kprobe page-out test: its signals make
     // the kernel leave retried faults out of majflt, which the kprobe backend
@@ -111,12 +103,10 @@ fn kprobe_and_tracepoint_backends_agree_per_pause() {
     let args = ["-live-mb", "64", "-goroutines", "4000", "-walkers", "8"];
     let mut workload = GcSwap::start(&path, &args, &env, |pid| {
         cgroup.add(pid);
-        kprobe.session.trace_process(pid, &binary).unwrap();
-        tracepoint.session.trace_process(pid, &binary).unwrap();
+        kprobe.trace(pid, &path);
+        tracepoint.trace(pid, &path);
     });
     let pid = workload.pid;
-    kprobe.faults.add_process(pid).unwrap();
-    tracepoint.faults.add_process(pid).unwrap();
     for _ in 0..3 {
         let bytes = swap_out(pid, &cgroup);
         assert!(bytes > 32 << 20, "paged out only {bytes} bytes");

@@ -26,7 +26,7 @@ use tracer::{
         Arch, COPYSTACK, FunctionSource, GoBinary, OffsetSource, PROBED_FUNCTIONS, START_THE_WORLD,
         STOP_THE_WORLD, offsets::struct_fields, running,
     },
-    symbolize::{ProcessSymbolizer, Symbolizer},
+    image::{ExeId, ExecutableImage, ProcessImage},
 };
 
 use crate::support::{GoToolchain, build_workload_env, go_matrix};
@@ -458,15 +458,16 @@ fn symbolization_matches_go_tool_addr2line() {
         .filter(|b| !b.is_arm64() && b.spec.name != "pie")
     {
         let bin = b.open();
-        let sym = Symbolizer::for_binary(&bin).unwrap();
         let pcs = sample_pcs(&bin, 7);
+        let sym = ExecutableImage::new(ExeId::of(&b.path).unwrap(), bin);
         if let Some(twin) = b.spec.twin {
             // Stripped: the same frames as the twin's.
-            let twin_sym = Symbolizer::for_binary(&sibling(b, twin).open()).unwrap();
+            let twin = sibling(b, twin);
+            let twin_sym = ExecutableImage::new(ExeId::of(&twin.path).unwrap(), twin.open());
             for &pc in &pcs {
                 assert_eq!(
-                    sym.symbolize(pc),
-                    twin_sym.symbolize(pc),
+                    sym.frames(pc),
+                    twin_sym.frames(pc),
                     "{} pc {pc:#x}",
                     b.label()
                 );
@@ -487,7 +488,7 @@ fn symbolization_matches_go_tool_addr2line() {
             b.label()
         );
         for (pc, pair) in pcs.iter().zip(lines.chunks(2)) {
-            let frames = sym.symbolize(*pc);
+            let frames = sym.frames(*pc);
             assert!(!frames.is_empty(), "{}: nothing for {pc:#x}", b.label());
             let outer = frames.last().unwrap();
             let inner = &frames[0];
@@ -567,9 +568,9 @@ fn stop(mut child: Child) {
 }
 
 /// Check a live process's symbolization against what its runtime said.
-fn check_live(label: &str, pid: u32, report: &PcsReport) -> ProcessSymbolizer {
-    let ps = ProcessSymbolizer::for_pid(pid).unwrap_or_else(|e| panic!("{label}: {e}"));
-    let name = |pc: u64| ps.symbolize(pc).last().map(|f| f.function.clone());
+fn check_live(label: &str, pid: u32, report: &PcsReport) -> ProcessImage {
+    let ps = ProcessImage::of_pid(pid).unwrap_or_else(|e| panic!("{label}: {e}"));
+    let name = |pc: u64| ps.frames(pc).last().map(|f| f.function.clone());
     assert_eq!(name(report.leaf).as_deref(), Some("main.leaf"), "{label}");
     assert_eq!(name(report.main).as_deref(), Some("main.main"), "{label}");
     assert_eq!(
@@ -578,7 +579,7 @@ fn check_live(label: &str, pid: u32, report: &PcsReport) -> ProcessSymbolizer {
         "{label}: {report:?}"
     );
     for (pc, want) in report.stack.iter().zip(&report.frames) {
-        let got = ps.symbolize_return_address(*pc);
+        let got = ps.frames_of_return(*pc);
         let first = got
             .first()
             .unwrap_or_else(|| panic!("{label}: nothing at {pc:#x}"));
@@ -616,18 +617,18 @@ fn live_processes_symbolize_like_the_go_runtime() {
         let pid = child.id();
         let ps = check_live(&b.label(), pid, &report);
         assert_eq!(
-            ps.load_bias != 0,
+            ps.bias().unwrap() != 0,
             b.spec.name == "pie",
             "{}: bias {:#x}",
             b.label(),
-            ps.load_bias
+            ps.bias().unwrap()
         );
         assert_eq!(report.cgo >= 0, b.spec.needs_gcc, "{}", b.label());
         let inspected = tracer::inspect::inspect_pid(pid).unwrap();
         let process = inspected.process.unwrap();
         assert_eq!(process.exe.exe, b.path.canonicalize().unwrap());
         assert!(!process.exe.other_mount_namespace);
-        assert_eq!(process.load_bias, ps.load_bias);
+        assert_eq!(Some(process.load_bias), ps.bias());
         stop(child);
         processes += 1;
     }

@@ -8,18 +8,15 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use tracer::{
-    binary::GoBinary,
-    events::EventReader,
-    faults::{
-        FaultSource, FaultSummary, FaultTracer, PauseWindow,
-        backend::{KernelSupport, attach_kprobes, load_kprobe_programs},
-        report::render_text,
+    engine::{fault::Fault, observed::Observed, pause::PauseRecord},
+    kernel::{
+        Core, CoreOptions,
+        capabilities::{self, BackendChoice, FaultBackend, FaultSource},
+        faults::{FaultHooks, load_kprobe_programs},
     },
-    pauses::WallClock,
-    pipeline::{Pipeline, Record},
-    session::Session,
+    sink::report::{Output, ReportSink, View, faults::FaultSummary, faults_text::render_text},
 };
-use tracer_common::{counters::Counter, fault::Backend};
+use tracer_common::counters::Counter;
 
 use crate::{
     scenario::{GcSwap, MemCgroup, SwapFile, swap_out},
@@ -71,6 +68,9 @@ struct Outcome {
     /// Faults gostw attributed to the workload.
     traced_faults: u64,
     ringbuf_full: u64,
+    /// Every pause record and fault, for the output formats' check.
+    pauses: Vec<PauseRecord>,
+    faults: Vec<Fault>,
 }
 
 /// Run gcswap traced by the tracepoint backend; page it out before each GC
@@ -113,67 +113,89 @@ fn run_traced(
     mut step: impl FnMut(&mut GcSwap) -> bool,
 ) -> Outcome {
     let path = build_workload("gcswap", go, "", &[]);
-    let binary = GoBinary::open(&path).unwrap();
-    let mut session = Session::new().unwrap();
-    let mut tracer = FaultTracer::attach(session.programs(), source)
-        .unwrap_or_else(|e| panic!("attaching the {source:?} fault backend: {e:#}"));
-    let expected = match source {
-        FaultSource::Kprobe => Backend::Kprobe,
-        _ => Backend::Tracepoint,
-    };
-    assert_eq!(tracer.choice.backend, expected);
-    // Pause windows come from gostw's own pause probes and pipeline.
-    session
-        .attach_binary(&binary)
-        .expect("attaching the pause probes");
-    let mut pipeline = Pipeline::new(WallClock::now());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build()
-        .unwrap();
+    let rt = crate::support::runtime();
     let _guard = rt.enter();
-    let mut reader = EventReader::new(session.programs().take_events().unwrap()).unwrap();
-
+    let opts = CoreOptions {
+        faults: Some(source),
+        stacks: None,
+    };
+    let mut engine = crate::support::engine(opts);
+    let mut sink = (
+        ReportSink::new(
+            View::Faults,
+            Output::new(Box::new(std::io::sink()), true, u64::MAX),
+            true,
+            None,
+        ),
+        crate::support::Recorded::default(),
+    );
     let mut workload = GcSwap::start(&path, args, env, |pid| {
         cgroup.add(pid);
-        session.trace_process(pid, &binary).unwrap();
+        engine
+            .trace_process(pid, &path, &mut sink)
+            .expect("tracing the workload");
     });
-    let pid = workload.pid;
-    tracer.add_process(pid).unwrap();
-    let mut drain = |tracer: &mut FaultTracer| {
-        reader.drain(|bytes| {
-            if let Some(Record::Pause(p)) = pipeline.feed(bytes) {
-                tracer.add_window(PauseWindow::from(&p));
-            }
-            tracer.handle_event(bytes);
-        });
+    // The backend is attached with the first traced process.
+    let expected = match source {
+        FaultSource::Kprobe => FaultBackend::Kprobe,
+        _ => FaultBackend::Tracepoint,
     };
+    let attached = engine.core().fault_backend().map(|c| c.backend);
+    assert_eq!(
+        attached,
+        Some(expected),
+        "{:?}",
+        engine.core().fault_failure()
+    );
+    let pid = workload.pid;
     while step(&mut workload) {
-        drain(&mut tracer);
+        engine.pump(&mut sink);
     }
-    drain(&mut tracer);
+    engine.pump(&mut sink);
     let (line, final_majflt) = workload.quit();
     let report: GcSwapReport =
         serde_json::from_str(line.strip_prefix("GOSTW_REPORT ").unwrap()).unwrap();
-    drain(&mut tracer);
+    engine.process_exited(pid, &mut sink);
+    engine.finish(&mut sink);
     assert!(!report.go_version.is_empty());
-    let summary = tracer.summary();
+    let (sink, recorded) = sink;
+    let full = sink.summary(0);
+    // Every pause record and every fault, as the stream carried them.
+    let mut pauses = Vec::new();
+    let mut faults = Vec::new();
+    for o in recorded.0 {
+        match o {
+            Observed::Pause(p) => {
+                faults.extend(p.faults);
+                pauses.push(p.record);
+            }
+            Observed::Fault(f, _) => faults.push(f),
+            _ => {}
+        }
+    }
+    let summary = full.faults.clone().expect("faults are traced");
     eprintln!("{}", render_text(&summary, 8));
     eprintln!("Go's report: {report:?}");
-    let counters = session.programs().counters().unwrap();
+    let counters = engine.core().counters().unwrap();
     eprintln!("kernel counters: {counters:?}");
     let ringbuf_full = counters
         .iter()
         .find(|(c, _)| *c == Counter::RingbufFull)
         .map_or(0, |(_, n)| *n);
-    let traced_faults = tracer.faults().iter().filter(|f| f.tgid == pid).count() as u64;
-    assert_eq!(tracer.decode_errors, 0);
+    let traced_faults = summary
+        .processes
+        .iter()
+        .find(|p| p.tgid == pid)
+        .map_or(0, |p| p.all.faults);
+    assert_eq!(full.lost.user.malformed, 0);
     Outcome {
         summary,
         report,
         final_majflt,
         traced_faults,
         ringbuf_full,
+        faults,
+        pauses,
     }
 }
 
@@ -198,7 +220,7 @@ pub fn majflt_agrees(traced_faults: u64, majflt: u64) -> bool {
 
 /// Runtime functions that touch GC metadata inside the sweep-termination
 /// pause (gcStart) or walk goroutines/arenas there.
-const GC_FRAMES: &[&str] = &[
+pub const GC_FRAMES: &[&str] = &[
     "runtime.gcStart",
     "runtime.gcPrepareMarkRoots",
     "runtime.gcMarkRootPrepare",
@@ -233,6 +255,8 @@ fn check_pageout(go: &GoToolchain) {
         final_majflt,
         traced_faults,
         ringbuf_full,
+        pauses,
+        faults,
     } = run_gcswap(go, FaultSource::Tracepoint, true);
     assert_eq!(ringbuf_full, 0, "events were dropped");
     let proc = summary
@@ -288,6 +312,7 @@ fn check_pageout(go: &GoToolchain) {
 
     // Fault counts agree with the kernel's own counter.
     assert_majflt_agrees(traced_faults, final_majflt, &report);
+    crate::formats::check_pageout_outputs(go, report.pid, &pauses, &faults);
     let majflt = final_majflt;
 
     // Own and other waits both occur, and add up to the blocked time.
@@ -332,27 +357,31 @@ fn without_pageout_pauses_have_no_faults() {
 #[test]
 fn kprobe_backend_loads_and_auto_follows_the_kernel() {
     require_root();
-    let mut session = Session::new().unwrap();
-    load_kprobe_programs(session.programs()).expect("kprobe programs must pass the verifier");
-    let support = KernelSupport::detect();
-    let choice = support.choose(FaultSource::Auto).unwrap();
+    let mut core = Core::load(CoreOptions::default()).unwrap();
+    load_kprobe_programs(core.object()).expect("kprobe programs must pass the verifier");
+    let caps = capabilities::detect();
+    let choice = caps.choose(FaultSource::Auto).unwrap();
     eprintln!("auto: {choice:?}");
-    match &support.kprobes {
-        Ok(functions) => {
-            assert_eq!(choice.backend, Backend::Kprobe);
-            attach_kprobes(session.programs(), functions).expect("attaching the kprobes");
-        }
-        Err(_) => {
-            assert_eq!(choice.backend, Backend::Tracepoint);
-            assert!(support.choose(FaultSource::Kprobe).is_err());
-            let err = attach_kprobes(
-                session.programs(),
-                &[("fault_kp_swap_entry", "do_swap_page")],
-            )
-            .unwrap_err();
-            let msg = format!("{err:#}");
-            assert!(msg.contains("--fault-source tracepoint"), "{msg}");
-        }
+    if caps.kprobes.available {
+        assert_eq!(choice.backend, FaultBackend::Kprobe);
+        FaultHooks::attach(core.object(), &caps, choice)
+            .expect("attaching the kprobes")
+            .detach(core.object());
+    } else {
+        assert_eq!(choice.backend, FaultBackend::Tracepoint);
+        assert!(caps.choose(FaultSource::Kprobe).is_err());
+        // Forcing the kprobe backend here fails at attach, saying what to do.
+        let mut forced = caps.clone();
+        forced.kprobe_functions = vec![("fault_kp_swap_entry", "do_swap_page")];
+        let kprobe = BackendChoice {
+            backend: FaultBackend::Kprobe,
+            ..choice
+        };
+        let err = FaultHooks::attach(core.object(), &forced, kprobe)
+            .err()
+            .expect("kprobes attached on a kernel without them");
+        let msg = format!("{err:#}");
+        assert!(msg.contains("--fault-source tracepoint"), "{msg}");
     }
 }
 
@@ -364,11 +393,20 @@ fn kprobe_backend_loads_and_auto_follows_the_kernel() {
 #[test]
 fn kprobe_backend_pageout() {
     require_root();
-    if let Err(why) = KernelSupport::detect().kprobes {
-        let mut session = Session::new().unwrap();
-        let err = FaultTracer::attach(session.programs(), FaultSource::Kprobe)
-            .err()
-            .expect("the kprobe backend attached on a kernel without kprobes");
+    let caps = capabilities::detect();
+    if !caps.kprobes.available {
+        let why = &caps.kprobes.detail;
+        let rt = crate::support::runtime();
+        let _guard = rt.enter();
+        let err = tracer::engine::Engine::new(
+            CoreOptions {
+                faults: Some(FaultSource::Kprobe),
+                stacks: None,
+            },
+            Default::default(),
+        )
+        .err()
+        .expect("the kprobe backend was accepted on a kernel without kprobes");
         let msg = format!("{err:#}");
         assert!(msg.contains("--fault-source tracepoint"), "{msg}");
         eprintln!(
@@ -390,6 +428,7 @@ fn kprobe_backend_pageout() {
         final_majflt,
         traced_faults,
         ringbuf_full,
+        ..
     } = run_gcswap_env(
         &go,
         FaultSource::Kprobe,
@@ -458,6 +497,7 @@ fn neighbour_pressure_faults_agree_with_majflt() {
         final_majflt,
         traced_faults,
         ringbuf_full,
+        ..
     } = run_traced(
         &go,
         FaultSource::Tracepoint,

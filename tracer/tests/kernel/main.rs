@@ -9,6 +9,7 @@ mod agent;
 mod backend_agreement;
 mod binary_analysis;
 mod faults;
+mod formats;
 mod memory;
 mod pauses;
 mod stack_growth;

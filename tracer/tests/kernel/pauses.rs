@@ -12,8 +12,11 @@ use std::{
 use serde::Deserialize;
 use serde_json::Value;
 use tracer::{
-    binary::GoBinary, pauses::StwReason, pipeline::Pipeline, process::StoppedChild,
-    session::Session,
+    binary::GoBinary,
+    engine::{observed::Observed, pause::StwReason},
+    kernel::CoreOptions,
+    sink::report::pauses::PauseStats,
+    targets::child::StoppedChild,
 };
 
 use crate::support::{
@@ -400,23 +403,18 @@ fn processes_of_one_binary_stay_separate() {
     let link = path.with_file_name("stw-symlink");
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(&path, &link).unwrap();
-    let binary = GoBinary::open(&path).unwrap();
-    let via_link = GoBinary::open(&link).unwrap();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = crate::support::runtime();
     let _entered = runtime.enter();
-    let mut session = Session::new().unwrap();
-    session.attach_binary(&binary).unwrap();
-    session.attach_binary(&via_link).unwrap();
-    let mut reader = session.event_reader().unwrap();
+    let mut engine = crate::support::engine(CoreOptions::default());
+    let mut seen = crate::support::Recorded::default();
+    // The second process reaches the same file through a symlink: one
+    // executable, probed once.
     let runs: Vec<_> = [
-        ["-gc", "3", "-gomaxprocs", "2"],
-        ["-gc", "7", "-gomaxprocs", "6"],
+        (["-gc", "3", "-gomaxprocs", "2"], &path),
+        (["-gc", "7", "-gomaxprocs", "6"], &link),
     ]
     .iter()
-    .map(|args| {
+    .map(|(args, exe)| {
         let mut a = args.to_vec();
         a.extend_from_slice(&["-alloc-mb", "32"]);
         let stopped = StoppedChild::spawn(
@@ -427,29 +425,33 @@ fn processes_of_one_binary_stay_separate() {
             },
         )
         .unwrap();
-        session.trace_process(stopped.pid(), &binary).unwrap();
+        engine.trace_process(stopped.pid(), exe, &mut seen).unwrap();
         stopped
     })
     .collect();
+    assert_eq!(engine.tracker().executables(), 1);
     let children: Vec<_> = runs.into_iter().map(|s| s.resume().unwrap()).collect();
     let outputs: Vec<_> = children
         .into_iter()
         .map(|c| c.wait_with_output().unwrap())
         .collect();
-    let mut pipeline = Pipeline::new(tracer::pauses::WallClock::now());
-    reader.drain(|raw| {
-        pipeline.feed(raw);
-    });
-    assert_eq!(pipeline.stats.lost(), 0);
+    engine.finish(&mut seen);
+    let mut stats = PauseStats::new(1);
+    for o in &seen.0 {
+        match o {
+            Observed::Pause(p) => stats.add(&p.record),
+            Observed::Losses { user, .. } => assert_eq!(user.lost(), 0),
+            _ => {}
+        }
+    }
     for (out, gomaxprocs) in outputs.iter().zip([2, 6]) {
         let report = parse_output(&String::from_utf8_lossy(&out.stdout))
             .report
             .unwrap();
-        let p = pipeline.pauses.process(report.pid).expect("no pauses");
+        let p = stats.process(report.pid).expect("no pauses");
         let (gc, _) = p.gc();
         assert_eq!(gc as i64, report.stw_gc, "pid {}", report.pid);
         assert_eq!(p.count() as i64, report.stw_gc + report.stw_other);
         assert_eq!(p.by_reason[&StwReason::GOMAXPROCS].count, gomaxprocs);
-        session.forget_process(report.pid).unwrap();
     }
 }

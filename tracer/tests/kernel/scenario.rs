@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tracer::process::StoppedChild;
+use tracer::targets::child::StoppedChild;
 
 /// A swap file, enabled while this value lives (or the swap the machine
 /// already has, e.g. the VM's swap disk, left alone).

@@ -12,18 +12,61 @@ use std::{
 
 use serde::Deserialize;
 use tracer::{
-    binary::GoBinary,
-    process::StoppedChild,
-    session::Session,
-    stackgrowth::{
-        DutyCycle, GoSymbols, Mode, StackGrowthAggregator, StackGrowthOptions, StackGrowthProbes,
-        StackGrowthSummary, forget_process, site_counts,
+    kernel::{
+        CoreOptions,
+        stacks::{DutyCycle, StackGrowthOptions},
     },
+    sink::report::{Output, ReportSink, View},
+    stackgrowth::{Mode, StackGrowthSummary},
+    targets::child::StoppedChild,
 };
 
 use crate::support::{
-    GoToolchain, build_workload, go_matrix, newest_go, parse_report, require_root, run_traced,
+    GoToolchain, build_workload, engine, go_matrix, newest_go, parse_report, require_root, runtime,
 };
+
+/// Run `path args` traced for stack growth with `opts`, pumping the engine
+/// while it runs; returns its standard output and the report sink.
+fn run_stacks(
+    path: &std::path::Path,
+    args: &[&str],
+    opts: StackGrowthOptions,
+) -> (String, ReportSink) {
+    let rt = runtime();
+    let _guard = rt.enter();
+    let mut engine = engine(CoreOptions {
+        faults: None,
+        stacks: Some(opts),
+    });
+    let mut sink = ReportSink::new(
+        View::Stacks,
+        Output::new(Box::new(std::io::sink()), true, u64::MAX),
+        false,
+        Some(opts.mode),
+    );
+    let stopped = StoppedChild::spawn(
+        path.as_os_str(),
+        &args.iter().map(std::ffi::OsStr::new).collect::<Vec<_>>(),
+        |cmd| {
+            cmd.stdout(Stdio::piped());
+        },
+    )
+    .unwrap();
+    let pid = stopped.pid();
+    engine.trace_process(pid, path, &mut sink).unwrap();
+    let mut child = stopped.resume().unwrap();
+    while child.try_wait().unwrap().is_none() {
+        std::thread::sleep(Duration::from_millis(20));
+        engine.pump(&mut sink);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "workload failed: {:?}", out.status);
+    engine.process_exited(pid, &mut sink);
+    // The kernel's per-site rows of a finished process are dropped.
+    assert!(engine.core().stack_sites(pid).unwrap().is_empty());
+    engine.finish(&mut sink);
+    (String::from_utf8_lossy(&out.stdout).into_owned(), sink)
+}
 
 /// The `GOSTW_REPORT` line of scripts/workloads/stackgrowth.
 #[derive(Debug, Deserialize)]
@@ -45,29 +88,16 @@ fn trace(
     args: &[&str],
 ) -> (StackGrowthSummary, StackReport) {
     let path = build_workload("stackgrowth", go, "", &[]);
-    let binary = GoBinary::open(&path).unwrap();
-    let mut session = Session::new().unwrap();
     let opts = StackGrowthOptions {
         mode,
         sample_hz,
         duty: DutyCycle::ALWAYS,
         exact_event_every: 16,
     };
-    let probes = StackGrowthProbes::attach(session.programs(), &binary, opts)
-        .unwrap_or_else(|e| panic!("Go {}: attaching {mode:?}: {e:#}", go.version));
-    let mut ring = session.programs().take_events().unwrap();
-    let (pid, stdout) = run_traced(&mut session, &binary, args);
-    let mut agg = StackGrowthAggregator::new(mode);
-    while let Some(item) = ring.next() {
-        agg.add_event_bytes(&item).expect("a well-formed event");
-    }
-    probes.collect(session.programs(), pid, &mut agg).unwrap();
-    // The kernel's per-site rows of a finished process can be dropped.
-    forget_process(session.programs(), pid).unwrap();
-    assert!(site_counts(session.programs(), pid).unwrap().is_empty());
+    let (stdout, mut sink) = run_stacks(&path, args, opts);
     let report: StackReport = parse_report(&stdout);
-    let symbols = GoSymbols::new(&binary).unwrap();
-    let summary = agg.summary(&symbols, Some((report.peak_goroutines, "workload's peak")));
+    sink.goroutines = Some(report.peak_goroutines);
+    let summary = sink.stack_summary().expect("stack growth is traced");
     eprintln!(
         "Go {} {mode:?} {args:?}: {report:?}\n{}",
         go.version,
@@ -96,9 +126,9 @@ fn deep_function_is_the_top_site_and_32k_is_recommended() {
     assert_eq!(top.site.function, DEEP, "{s:#?}");
     assert_eq!(top.caller.function, CALLER);
     // Sites come with file:line from pclntab.
-    let file = top.site.file.as_deref().unwrap_or_default();
+    let file = &top.site.file;
     assert!(file.ends_with("stackgrowth/main.go"), "{:?}", top.site);
-    assert!(top.site.line.unwrap_or(0) > 0 && top.caller.line.unwrap_or(0) > 0);
+    assert!(top.site.line > 0 && top.caller.line > 0);
     // One growth per goroutine that ran deep19k, 2 KB -> 32 KB in one step.
     assert_eq!(top.count, report.deep_goroutines);
     assert_eq!(top.old_sizes.get(&2048), Some(&report.deep_goroutines));
@@ -286,8 +316,6 @@ fn exact_mode_duty_cycle_reports_the_attached_share() {
     require_root();
     let go = newest_go();
     let path = build_workload("stackgrowth", &go, "", &[]);
-    let binary = GoBinary::open(&path).unwrap();
-    let mut session = Session::new().unwrap();
     let opts = StackGrowthOptions {
         mode: Mode::Exact,
         duty: DutyCycle {
@@ -297,28 +325,9 @@ fn exact_mode_duty_cycle_reports_the_attached_share() {
         },
         ..Default::default()
     };
-    let mut probes = StackGrowthProbes::attach(session.programs(), &binary, opts).unwrap();
-    let stopped = StoppedChild::spawn(
-        binary.path.as_os_str(),
-        &["-mode", "batch", "-duration", "4s"].map(std::ffi::OsStr::new),
-        |cmd| {
-            cmd.stdout(Stdio::piped());
-        },
-    )
-    .unwrap();
-    let pid = stopped.pid();
-    session.trace_process(pid, &binary).unwrap();
-    probes.watch(pid);
-    let mut child = stopped.resume().unwrap();
-    while child.try_wait().unwrap().is_none() {
-        std::thread::sleep(Duration::from_millis(20));
-        probes.tick(session.programs()).unwrap();
-    }
-    let mut agg = StackGrowthAggregator::new(Mode::Exact);
-    probes.collect(session.programs(), pid, &mut agg).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let report: StackReport = parse_report(&String::from_utf8_lossy(&out.stdout));
-    let s = agg.summary(&GoSymbols::new(&binary).unwrap(), None);
+    let (stdout, sink) = run_stacks(&path, &["-mode", "batch", "-duration", "4s"], opts);
+    let report: StackReport = parse_report(&stdout);
+    let s = sink.stack_summary().unwrap();
     eprintln!("{report:?}\n{}", s.render_text());
     // 300 ms out of every 2 s, over a ~4 s run; detaching a uprobe takes
     // 100 ms or more here (more under load), and that time counts as

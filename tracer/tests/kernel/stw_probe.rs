@@ -2,11 +2,11 @@
 //! `runtime.stopTheWorldWithSema` fires exactly once per stop-the-world pause
 //! the Go runtime counts of itself.
 
-use tracer::{binary::GoBinary, session::Session};
+use tracer::binary::GoBinary;
 use tracer_common::process::Probe;
 
 use crate::support::{
-    STW_ARGS, STW_GOMAXPROCS, STW_READ_MEM_STATS, StwReport, build_workload, go_matrix,
+    STW_ARGS, STW_GOMAXPROCS, STW_READ_MEM_STATS, Session, StwReport, build_workload, go_matrix,
     parse_report, require_root, run_traced,
 };
 
@@ -42,14 +42,11 @@ fn stop_the_world_hits_equal_go_pause_count() {
     for go in go_matrix() {
         let path = build_workload("stw", &go, "", &[]);
         let binary = GoBinary::open(&path).unwrap();
-        let mut session = Session::new().unwrap();
-        session.attach_binary(&binary).unwrap();
+        let mut session = Session::new();
+        session.attach_binary(&binary);
         let (pid, stdout) = run_traced(&mut session, &binary, ARGS);
         let report: StwReport = parse_report(&stdout);
-        let hits = session
-            .programs()
-            .probe_hits(pid, Probe::StopTheWorld)
-            .unwrap();
+        let hits = session.core.probe_hits(pid, Probe::StopTheWorld);
         eprintln!("Go {}: {hits} hits; report {report:?}", go.version);
         assert!(
             report.num_forced_gc >= 10,
@@ -69,14 +66,11 @@ fn unattached_probe_fails_the_check() {
     let go = crate::support::newest_go();
     let path = build_workload("stw", &go, "", &[]);
     let binary = GoBinary::open(&path).unwrap();
-    let mut session = Session::new().unwrap();
+    let mut session = Session::new();
     // No attach_binary: the process is traced but nothing fires.
     let (pid, stdout) = run_traced(&mut session, &binary, ARGS);
     let report: StwReport = parse_report(&stdout);
-    let hits = session
-        .programs()
-        .probe_hits(pid, Probe::StopTheWorld)
-        .unwrap();
+    let hits = session.core.probe_hits(pid, Probe::StopTheWorld);
     assert_eq!(hits, 0);
     assert!(
         check_counts(hits, &report, KNOWN_OTHER).is_err(),

@@ -16,7 +16,16 @@ use std::{
 };
 
 use serde::Deserialize;
-use tracer::{binary::GoBinary, process::StoppedChild, session::Session};
+use tracer::{
+    binary::GoBinary,
+    engine::{Engine, observed::Observed},
+    kernel::{Core, CoreOptions, ExeProbes, traced_process},
+    sink::Sink,
+    targets::{
+        child::StoppedChild,
+        tracker::{Kernel as _, Limits},
+    },
+};
 
 /// Panic unless running as root: every kernel test loads eBPF programs.
 pub fn require_root() {
@@ -202,6 +211,61 @@ pub fn parse_report<T: for<'de> Deserialize<'de>>(stdout: &str) -> T {
     serde_json::from_str(line).unwrap_or_else(|e| panic!("bad report {line:?}: {e}"))
 }
 
+/// The tracing core with probes attached by hand: for the tests that look
+/// at the kernel side alone (probe hits), without the engine.
+pub struct Session {
+    pub core: Core,
+    probes: Vec<ExeProbes>,
+}
+
+impl Session {
+    pub fn new() -> Session {
+        Session {
+            core: Core::load(CoreOptions::default()).expect("loading the eBPF programs"),
+            probes: Vec::new(),
+        }
+    }
+
+    /// Attach the pause probes to `binary`.
+    pub fn attach_binary(&mut self, binary: &GoBinary) {
+        let a = self
+            .core
+            .attach(0, &binary.path)
+            .unwrap_or_else(|e| panic!("attaching to {}: {e:?}", binary.path.display()));
+        self.probes.push(a.probes);
+    }
+
+    /// Add `pid` (running `binary`) to the traced set.
+    pub fn trace_process(&mut self, pid: u32, binary: &GoBinary) {
+        let traced = traced_process(binary, &binary.struct_offsets().unwrap());
+        self.core.trace(pid, &traced).unwrap();
+    }
+}
+
+/// Everything the engine observed, kept in order.
+#[derive(Default)]
+pub struct Recorded(pub Vec<Observed>);
+
+impl Sink for Recorded {
+    fn observe(&mut self, o: &Observed) {
+        self.0.push(o.clone());
+    }
+}
+
+/// A current-thread tokio runtime, entered: the engine's reader registers
+/// with it.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// An engine tracing what `opts` asks for.
+pub fn engine(opts: CoreOptions) -> Engine {
+    Engine::new(opts, Limits::default()).expect("loading the engine")
+}
+
 /// Run `binary args` under `session`, traced from its first instruction;
 /// returns its pid and standard output once it has exited.
 pub fn run_traced(session: &mut Session, binary: &GoBinary, args: &[&str]) -> (u32, String) {
@@ -214,9 +278,7 @@ pub fn run_traced(session: &mut Session, binary: &GoBinary, args: &[&str]) -> (u
     )
     .expect("spawning the workload");
     let pid = stopped.pid();
-    session
-        .trace_process(pid, binary)
-        .expect("tracing the workload");
+    session.trace_process(pid, binary);
     let child = stopped.resume().expect("resuming the workload");
     let out = child.wait_with_output().expect("waiting for the workload");
     assert!(

@@ -5,7 +5,7 @@
 
 use std::{fs, path::Path, process::Stdio};
 
-use tracer::process::StoppedChild;
+use tracer::targets::child::StoppedChild;
 
 use crate::support::{build_workload, newest_go, require_root, vm_kernel};
 

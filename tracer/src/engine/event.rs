@@ -1,0 +1,142 @@
+//! Decoding the `EVENTS` ring buffer: raw bytes in, checked typed events
+//! out, once for every consumer. Decoding never trusts the kernel's bytes to
+//! be aligned or long enough.
+
+use tracer_common::{
+    event::{EventHeader, EventKind},
+    fault::FaultEvent,
+    pause::PauseEvent,
+    stack::StackGrowthEvent,
+};
+
+/// Why an event could not be decoded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("event of {got} bytes, {kind:?} needs {need}")]
+    TooShort {
+        kind: Option<EventKind>,
+        got: usize,
+        need: usize,
+    },
+    #[error("unknown event kind {0}")]
+    UnknownKind(u32),
+}
+
+/// Copy a `T` out of the front of `bytes` (length-checked, unaligned read).
+pub fn read_pod<T: aya::Pod>(bytes: &[u8]) -> Result<T, DecodeError> {
+    let need = std::mem::size_of::<T>();
+    if bytes.len() < need {
+        return Err(DecodeError::TooShort {
+            kind: None,
+            got: bytes.len(),
+            need,
+        });
+    }
+    // SAFETY: length checked above; T is Pod, so any bytes are a valid T.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+/// The header and kind of a raw event.
+pub fn header(bytes: &[u8]) -> Result<(EventHeader, EventKind), DecodeError> {
+    let h: EventHeader = read_pod(bytes)?;
+    let kind = EventKind::from_u32(h.kind).ok_or(DecodeError::UnknownKind(h.kind))?;
+    Ok((h, kind))
+}
+
+/// Decode a whole event of type `T` (which starts with an `EventHeader`).
+pub fn decode<T: aya::Pod>(kind: EventKind, bytes: &[u8]) -> Result<T, DecodeError> {
+    read_pod(bytes).map_err(|e| match e {
+        DecodeError::TooShort { got, need, .. } => DecodeError::TooShort {
+            kind: Some(kind),
+            got,
+            need,
+        },
+        other => other,
+    })
+}
+
+/// A decoded kernel event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    Pause(PauseEvent),
+    Fault(FaultEvent),
+    StackGrowth(StackGrowthEvent),
+}
+
+impl Event {
+    /// Decode one raw ring-buffer record: the header once, then its body.
+    pub fn decode(raw: &[u8]) -> Result<Event, DecodeError> {
+        let (_, kind) = header(raw)?;
+        Ok(match kind {
+            EventKind::Pause => Event::Pause(decode(kind, raw)?),
+            EventKind::Fault => Event::Fault(decode(kind, raw)?),
+            EventKind::StackGrowth => Event::StackGrowth(decode(kind, raw)?),
+        })
+    }
+
+    /// The process the event belongs to.
+    pub fn tgid(&self) -> u32 {
+        match self {
+            Event::Pause(e) => e.header.tgid,
+            Event::Fault(e) => e.header.tgid,
+            Event::StackGrowth(e) => e.header.tgid,
+        }
+    }
+}
+
+/// Events that reached user space, and those that could not be used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Losses {
+    /// Events decoded and handled.
+    pub handled: u64,
+    /// Header or body shorter than its kind needs.
+    pub malformed: u64,
+    /// A `kind` value this gostw does not know (a newer kernel object).
+    pub unknown_kind: u64,
+    /// A known kind that this trace does not follow (e.g. a fault event while
+    /// faults are not traced).
+    pub unhandled: u64,
+}
+
+impl Losses {
+    /// Events that reached user space but produced nothing.
+    pub fn lost(&self) -> u64 {
+        self.malformed + self.unknown_kind + self.unhandled
+    }
+
+    /// Count a failed decode.
+    pub fn count_error(&mut self, e: &DecodeError) {
+        match e {
+            DecodeError::UnknownKind(_) => self.unknown_kind += 1,
+            DecodeError::TooShort { .. } => self.malformed += 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_and_unknown_events_are_errors_not_panics() {
+        assert!(matches!(
+            header(&[0u8; 10]),
+            Err(DecodeError::TooShort { .. })
+        ));
+        let mut b = [0u8; 24];
+        b[0] = 99;
+        assert_eq!(header(&b), Err(DecodeError::UnknownKind(99)));
+        b[0] = EventKind::Pause as u8;
+        b[4] = 7;
+        let (h, k) = header(&b[..]).unwrap();
+        assert_eq!((h.tgid, k), (7, EventKind::Pause));
+    }
+
+    #[test]
+    fn unaligned_input_decodes() {
+        let mut buf = [0u8; 25];
+        buf[1] = EventKind::Fault as u8;
+        let (_, k) = header(&buf[1..]).unwrap();
+        assert_eq!(k, EventKind::Fault);
+    }
+}

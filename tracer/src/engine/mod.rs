@@ -1,0 +1,419 @@
+//! The engine: one event loop for every front end. Kernel records flow one
+//! way: ring buffer -> `reader` -> `Stream` (decode once, symbolize,
+//! correlate) -> the observed stream -> sinks. The target says which
+//! processes come and go; the tracker attaches and traces them through the
+//! core. `attach`, `run`, `faults`, `stacks` and the agent differ only in
+//! their target, their options and their sink.
+//!
+//! - `event`: decoding raw records; `reader`: the async ring-buffer reader.
+//! - `pause`, `fault`: what a pause and a fault are.
+//! - `correlate`: which faults belong to which pause (the one rule).
+//! - `stream`: the pure pipeline; `observed`: what it produces.
+
+pub mod correlate;
+pub mod event;
+pub mod fault;
+pub mod observed;
+pub mod pause;
+pub mod reader;
+pub mod stream;
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use tokio::signal::unix::{SignalKind, signal};
+
+use self::{
+    observed::Observed,
+    pause::WallClock,
+    reader::EventReader,
+    stream::{Stream, StreamOptions, monotonic_ns},
+};
+use crate::{
+    image::ProcessImage,
+    kernel::{Core, CoreOptions},
+    sink::Sink,
+    stackgrowth::goroutines,
+    targets::{
+        Changes, Target,
+        tracker::{Kernel, Limits, NotTraced, Tracker},
+    },
+};
+
+/// How often the loop looks at the target, the kernel's counts and time.
+const TICK: Duration = Duration::from_millis(50);
+
+/// Apply `changes` of a target: exit statuses, exited processes (their
+/// pauses and faults released first, then untraced), new processes traced.
+/// With `single` (a one-process target), why its process is not traced.
+pub fn apply<K: Kernel>(
+    tracker: &mut Tracker<K>,
+    stream: &mut Stream,
+    changes: Changes,
+    single: bool,
+    out: &mut Vec<Observed>,
+) -> Option<anyhow::Error> {
+    for (pid, code) in changes.statuses {
+        out.push(Observed::ExitStatus { pid, code });
+    }
+    for pid in changes.exited {
+        stream.exited(pid, out);
+        tracker.exited(pid, out);
+    }
+    let mut failure = None;
+    for (p, path) in &changes.started {
+        let before = out.len();
+        let traced = tracker.started(p, path, out);
+        for o in &out[before..] {
+            if let Observed::Started(info) = o {
+                stream.started(info);
+            }
+        }
+        match traced {
+            Ok(()) => {}
+            Err(NotTraced::NotGo) if single => {
+                failure = Some(anyhow::anyhow!(
+                    "pid {} ({}) is not a Go program: gostw traces Go programs (Go 1.19 or later)",
+                    p.pid,
+                    p.exe_path.display()
+                ));
+            }
+            Err(why) if single => {
+                failure = Some(anyhow::anyhow!("cannot trace pid {}: {why}", p.pid));
+            }
+            Err(_) => {}
+        }
+    }
+    failure
+}
+
+/// What woke the loop.
+enum Wake {
+    Events,
+    Tick,
+    Exit,
+}
+
+/// Why `Engine::run` returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The deadline passed.
+    Duration,
+    /// SIGINT or SIGTERM (the signal number).
+    Signal(i32),
+    /// The one traced process exited.
+    Exited,
+}
+
+/// The loaded core, what it traces, and the stream of what it observed.
+pub struct Engine {
+    tracker: Tracker<Core>,
+    reader: EventReader,
+    stream: Stream,
+    started: Instant,
+    announced_backend: bool,
+    sampling: bool,
+    /// Peak goroutine counts read so far, per process (stack growth).
+    goroutines: Vec<(u32, u64)>,
+    stacks: bool,
+    out: Vec<Observed>,
+}
+
+impl Engine {
+    /// Load the kernel programs; nothing is traced until a target is run.
+    pub fn new(opts: CoreOptions, limits: Limits) -> anyhow::Result<Engine> {
+        let mut core = Core::load(opts)?;
+        if let Some(Err(e)) = core.fault_choice()
+            && opts.faults != Some(Default::default())
+        {
+            // An explicit --fault-source that cannot work fails now.
+            return Err(e);
+        }
+        let reader = EventReader::new(core.object().take_events()?)
+            .context("watching the events ring buffer")?;
+        let mut stream = Stream::new(
+            WallClock::now(),
+            StreamOptions {
+                faults: opts.faults.is_some(),
+                stacks: opts.stacks.is_some(),
+            },
+        );
+        if opts.faults.is_some() {
+            stream.set_stack_source(Box::new(core.object().take_fault_stacks()?));
+        }
+        Ok(Engine {
+            tracker: Tracker::new(core, limits),
+            reader,
+            stream,
+            started: Instant::now(),
+            announced_backend: false,
+            sampling: false,
+            goroutines: Vec::new(),
+            stacks: opts.stacks.is_some(),
+            out: Vec::new(),
+        })
+    }
+
+    /// The core, for what front ends report of it.
+    pub fn core(&mut self) -> &mut Core {
+        self.tracker.kernel()
+    }
+
+    /// The tracker (which processes are traced).
+    pub fn tracker(&self) -> &Tracker<Core> {
+        &self.tracker
+    }
+
+    /// Time since the engine started.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Trace `target` into `sink` until the one traced process exits,
+    /// `deadline` passes, or SIGINT/SIGTERM arrives. May be called again to
+    /// go on (e.g. after passing a signal on to a started program).
+    /// Returns why it stopped; a single target that cannot be traced is an
+    /// error.
+    pub async fn run(
+        &mut self,
+        target: &mut Target,
+        sink: &mut dyn Sink,
+        deadline: Option<tokio::time::Instant>,
+    ) -> anyhow::Result<Stop> {
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let mut sigterm = signal(SignalKind::terminate())?;
+        if let Some(why) = self.poll_target(target, sink)? {
+            return Err(why);
+        }
+        target.resume()?;
+        let sleep = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(sleep);
+        let mut tick = tokio::time::interval(TICK);
+        loop {
+            if target.finished() {
+                return Ok(Stop::Exited);
+            }
+            let wake = tokio::select! {
+                r = self.reader.wait() => {
+                    r.context("reading the events ring buffer")?;
+                    Wake::Events
+                }
+                _ = tick.tick() => Wake::Tick,
+                () = target.exited() => Wake::Exit,
+                () = &mut sleep => return Ok(Stop::Duration),
+                _ = sigint.recv() => return Ok(Stop::Signal(libc::SIGINT)),
+                _ = sigterm.recv() => return Ok(Stop::Signal(libc::SIGTERM)),
+            };
+            match wake {
+                Wake::Events => {
+                    self.drain();
+                    self.stream.settle(monotonic_ns(), &mut self.out);
+                    self.deliver(sink);
+                }
+                Wake::Tick => self.tick(target, sink)?,
+                Wake::Exit => {
+                    self.poll_target(target, sink)?;
+                }
+            }
+        }
+    }
+
+    /// Trace process `pid`, which runs (or is about to exec) the executable at
+    /// `path`: for callers that start and stop processes themselves (tests,
+    /// benchmarks). The target-driven `run` does this for its targets.
+    pub fn trace_process(
+        &mut self,
+        pid: u32,
+        path: &std::path::Path,
+        sink: &mut dyn Sink,
+    ) -> anyhow::Result<()> {
+        let p = crate::targets::discovery::NewProcess {
+            pid,
+            exe: crate::image::ExeId::of(path)?,
+            exe_path: path.to_owned(),
+            comm: String::new(),
+            cgroup: std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default(),
+        };
+        let changes = Changes {
+            started: vec![(p, path.to_owned())],
+            ..Changes::default()
+        };
+        let failure = apply(
+            &mut self.tracker,
+            &mut self.stream,
+            changes,
+            true,
+            &mut self.out,
+        );
+        self.announce_backend();
+        self.deliver(sink);
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Read what the ring buffer holds now, release what time settles, and
+    /// hand it all to `sink`.
+    pub fn pump(&mut self, sink: &mut dyn Sink) {
+        if let Err(e) = self.tracker.kernel().tick() {
+            log::warn!("{e:#}");
+        }
+        self.drain();
+        self.tracker.poll_counts(&mut self.out);
+        self.stream.settle(monotonic_ns(), &mut self.out);
+        self.emit_health();
+        self.deliver(sink);
+    }
+
+    /// Process `pid` exited (or is no longer to be traced): its events are
+    /// read, its pauses released, and it is untraced.
+    pub fn process_exited(&mut self, pid: u32, sink: &mut dyn Sink) {
+        let changes = Changes {
+            exited: vec![pid],
+            ..Changes::default()
+        };
+        self.drain();
+        apply(
+            &mut self.tracker,
+            &mut self.stream,
+            changes,
+            false,
+            &mut self.out,
+        );
+        self.deliver(sink);
+    }
+
+    /// End the trace: every event in, every process released and untraced,
+    /// final counts out.
+    pub fn finish(&mut self, sink: &mut dyn Sink) {
+        self.drain();
+        self.emit_health();
+        let pids: Vec<u32> = self.tracker.pids();
+        for pid in pids {
+            self.stream.exited(pid, &mut self.out);
+            self.tracker.exited(pid, &mut self.out);
+        }
+        self.stream.finish(&mut self.out);
+        self.emit_health();
+        self.deliver(sink);
+    }
+
+    fn tick(&mut self, target: &mut Target, sink: &mut dyn Sink) -> anyhow::Result<()> {
+        self.tracker.kernel().tick()?;
+        self.poll_target(target, sink)?;
+        self.tracker.poll_counts(&mut self.out);
+        if self.stacks {
+            self.read_goroutines();
+        }
+        self.stream.settle(monotonic_ns(), &mut self.out);
+        self.emit_health();
+        self.deliver(sink);
+        Ok(())
+    }
+
+    /// Apply what the target says changed. For a one-process target, the
+    /// reason it could not be traced.
+    fn poll_target(
+        &mut self,
+        target: &mut Target,
+        sink: &mut dyn Sink,
+    ) -> anyhow::Result<Option<anyhow::Error>> {
+        let polled = Instant::now();
+        let Some(changes) = target.poll(polled)? else {
+            return Ok(None);
+        };
+        // A process's events are in the ring buffer before it is seen gone:
+        // read them before it is forgotten.
+        if !changes.exited.is_empty() {
+            self.drain();
+        }
+        for pid in &changes.exited {
+            self.goroutines.retain(|(p, _)| p != pid);
+        }
+        let single = target.single().is_some();
+        let failure = apply(
+            &mut self.tracker,
+            &mut self.stream,
+            changes,
+            single,
+            &mut self.out,
+        );
+        if let Some(h) = target.host_state() {
+            self.out.push(Observed::HostPolled {
+                known: h.known(),
+                took: polled.elapsed(),
+                exec_notifications: h.exec_notifications,
+            });
+        }
+        self.announce_backend();
+        self.deliver(sink);
+        Ok(failure)
+    }
+
+    fn announce_backend(&mut self) {
+        let sampling = self.tracker.kernel().sampling();
+        if sampling != self.sampling {
+            self.sampling = sampling;
+            self.out.push(Observed::SamplerAttached(sampling));
+        }
+        if self.announced_backend {
+            return;
+        }
+        let core = self.tracker.kernel();
+        if let Some(choice) = core.fault_backend().cloned() {
+            self.stream.set_file_faults_seen(choice.file_faults_seen);
+            self.out.push(Observed::FaultBackend(choice));
+            self.announced_backend = true;
+        } else if let Some(why) = core.fault_failure() {
+            self.out.push(Observed::FaultsUnavailable(why.to_owned()));
+            self.announced_backend = true;
+        }
+    }
+
+    fn read_goroutines(&mut self) {
+        for info in self.tracker.infos() {
+            let Some(image) = &info.image else { continue };
+            let process = ProcessImage::new(info.pid, image.clone());
+            let Some(n) = goroutines::peak_goroutines(&process) else {
+                continue;
+            };
+            match self.goroutines.iter_mut().find(|(p, _)| *p == info.pid) {
+                Some((_, peak)) if *peak >= n => continue,
+                Some((_, peak)) => *peak = n,
+                None => self.goroutines.push((info.pid, n)),
+            }
+            self.out.push(Observed::Goroutines {
+                pid: info.pid,
+                peak: n,
+            });
+        }
+    }
+
+    fn emit_health(&mut self) {
+        if let Ok(counters) = self.tracker.kernel().counters() {
+            self.out.push(Observed::KernelCounters(counters));
+        }
+        self.out.push(Observed::Losses {
+            user: self.stream.losses,
+            correlator: self.stream.correlator_stats(),
+        });
+    }
+
+    fn drain(&mut self) {
+        let Engine {
+            reader,
+            stream,
+            out,
+            ..
+        } = self;
+        reader.drain(|raw| stream.feed(raw, out));
+    }
+
+    fn deliver(&mut self, sink: &mut dyn Sink) {
+        sink.observe_all(&self.out);
+        self.out.clear();
+    }
+}

@@ -1,0 +1,171 @@
+//! The one stream every front end consumes: what the engine observed, in
+//! order. Sinks (the terminal/JSON report, the Prometheus metrics, profiles)
+//! are functions of this stream and nothing else, so a recorded stream fed
+//! to two sinks gives the same numbers.
+
+use std::{path::PathBuf, sync::Arc};
+
+use tracer_common::{
+    counters::Counter,
+    stack::{StackGrowthEvent, StackSiteCounts, StackSiteKey},
+};
+
+use super::{event::Losses, fault::Fault, pause::PauseRecord};
+use crate::{
+    image::ExecutableImage, kernel::capabilities::BackendChoice, targets::labels::ProcessLabels,
+};
+
+/// A traced process, as every sink names it.
+#[derive(Clone)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    /// The executable's path as the process sees it.
+    pub exe: PathBuf,
+    /// The series labels of its executable (bounded: see the tracker).
+    pub labels: ProcessLabels,
+    /// e.g. "go1.22.10".
+    pub go_version: String,
+    /// The analysed executable (None only for test kernels).
+    pub image: Option<Arc<ExecutableImage>>,
+}
+
+/// Whether a fault began inside a pause of its process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Membership {
+    /// It began outside every pause.
+    Outside,
+    /// It began inside a pause whose record was already out (it ended more
+    /// than the correlator's grace after that pause): in a pause, but not in
+    /// that pause's record.
+    LateInPause,
+}
+
+/// One pause with the major faults that began inside it.
+#[derive(Clone, Debug)]
+pub struct ObservedPause {
+    pub record: PauseRecord,
+    pub faults: Vec<Fault>,
+}
+
+/// CPU samples of a traced process, counted in the kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuSamples {
+    /// All samples that landed in the process.
+    pub all: u64,
+    /// Those that caught it copying a goroutine stack.
+    pub stack_growth: u64,
+}
+
+/// Why an executable or a process could not be traced (a bounded label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailureReason {
+    /// The binary could not be analysed (not readable, malformed, no probe point).
+    Analysis,
+    /// A Go version whose runtime layout gostw does not know.
+    UnsupportedGo,
+    /// The kernel refused a probe.
+    Attach,
+    /// The process could not be added to the traced set.
+    Trace,
+    /// The process exited before it could be traced.
+    ProcessGone,
+    /// `--max-executables` reached.
+    Limit,
+}
+
+impl FailureReason {
+    pub const ALL: [FailureReason; 6] = [
+        FailureReason::Analysis,
+        FailureReason::UnsupportedGo,
+        FailureReason::Attach,
+        FailureReason::Trace,
+        FailureReason::ProcessGone,
+        FailureReason::Limit,
+    ];
+
+    /// The metric label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            FailureReason::Analysis => "analysis",
+            FailureReason::UnsupportedGo => "unsupported_go",
+            FailureReason::Attach => "attach",
+            FailureReason::Trace => "trace",
+            FailureReason::ProcessGone => "process_gone",
+            FailureReason::Limit => "limit",
+        }
+    }
+}
+
+/// What the correlator decided in a way worth reporting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CorrelatorStats {
+    /// Faults that began in a pause whose record was already released.
+    pub late_faults: u64,
+    /// Faults decided as outside because the pending queue was full.
+    pub pending_overflow: u64,
+}
+
+/// What the engine observed.
+#[derive(Clone)]
+pub enum Observed {
+    /// A process is traced from now on.
+    Started(Arc<ProcessInfo>),
+    /// A traced process exited (or tracing it stopped); its events are all
+    /// in. `last_of_labels`: no other traced process has its labels.
+    Exited { pid: u32, last_of_labels: bool },
+    /// A process's exit status, when gostw started it.
+    ExitStatus { pid: u32, code: i32 },
+    /// A pause and its faults.
+    Pause(ObservedPause),
+    /// A major fault that is not part of a pause record.
+    Fault(Fault, Membership),
+    /// A stack growth event (exact) or sample (sampled).
+    StackGrowth(StackGrowthEvent),
+    /// Counts the kernel kept for a process, since the last `Counts`.
+    Counts {
+        pid: u32,
+        stop_the_world_entries: u64,
+        samples: CpuSamples,
+        /// Samples per second per CPU of the sampler.
+        sample_hz: u64,
+    },
+    /// The stack-growth site counts of a process, cumulative (exact mode's
+    /// kernel map), and how long stack growth was observed.
+    StackSites {
+        pid: u32,
+        rows: Vec<(StackSiteKey, StackSiteCounts)>,
+        observed: (std::time::Duration, std::time::Duration),
+    },
+    /// An executable could not be traced.
+    AttachFailed(FailureReason),
+    /// A label set did not fit the limit and shares the overflow label.
+    LabelsOverflowed,
+    /// The host's processes were polled (the agent's discovery).
+    HostPolled {
+        /// Processes known to discovery.
+        known: usize,
+        took: std::time::Duration,
+        /// Exec notifications so far.
+        exec_notifications: u64,
+    },
+    /// How much is traced now.
+    Traced {
+        processes: usize,
+        executables: usize,
+    },
+    /// The stack-growth sampler was attached (true) or detached.
+    SamplerAttached(bool),
+    /// The fault backend attached (with the first traced process).
+    FaultBackend(BackendChoice),
+    /// Faults were asked for but cannot be traced here: why.
+    FaultsUnavailable(String),
+    /// A process's peak goroutine count rose (`runtime.allglen`).
+    Goroutines { pid: u32, peak: u64 },
+    /// The kernel-side health counters, cumulative.
+    KernelCounters(Vec<(Counter, u64)>),
+    /// Events user space could not use, and the correlator's counts; cumulative.
+    Losses {
+        user: Losses,
+        correlator: CorrelatorStats,
+    },
+}

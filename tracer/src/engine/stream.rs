@@ -1,0 +1,294 @@
+//! The pure part of the engine: raw ring-buffer records in, the observed
+//! stream out. Each record is decoded once (`Event::decode`), fault stacks
+//! are symbolized through the process's image, pauses become records, and
+//! the correlator decides which faults belong to which pause. No kernel and
+//! no clock of its own (the caller gives the time), so a recorded stream can
+//! be replayed in tests.
+
+use std::{collections::HashMap, sync::Arc};
+
+use super::{
+    correlate::{Correlator, CorrelatorStats},
+    event::{Event, Losses},
+    fault::Fault,
+    observed::{Observed, ProcessInfo},
+    pause::{self, WallClock},
+};
+use crate::image::{Frame, ProcessImage};
+
+/// Frames kept of a fault's user stack.
+pub const MAX_FRAMES: usize = 24;
+
+/// Where fault user stacks are read from (the kernel's stack map).
+pub trait StackSource {
+    /// The addresses of stack `id`, innermost first (empty if unknown).
+    fn addresses(&self, id: u32) -> Vec<u64>;
+}
+
+impl StackSource for aya::maps::StackTraceMap<aya::maps::MapData> {
+    fn addresses(&self, id: u32) -> Vec<u64> {
+        self.get(&id, 0)
+            .map(|t| t.frames().iter().map(|f| f.ip).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// What the stream follows.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StreamOptions {
+    pub faults: bool,
+    pub stacks: bool,
+}
+
+/// Decoding, symbolization and correlation.
+pub struct Stream {
+    clock: WallClock,
+    opts: StreamOptions,
+    pub losses: Losses,
+    correlator: Correlator,
+    stacks: Option<Box<dyn StackSource>>,
+    /// The backend marks every file-backed fault (see `Fault::from_event`).
+    file_faults_seen: bool,
+    images: HashMap<u32, ProcessImage>,
+    stack_cache: HashMap<(u32, i32), Arc<[Frame]>>,
+}
+
+impl Stream {
+    pub fn new(clock: WallClock, opts: StreamOptions) -> Stream {
+        Stream {
+            clock,
+            opts,
+            losses: Losses::default(),
+            correlator: Correlator::new(opts.faults),
+            stacks: None,
+            file_faults_seen: true,
+            images: HashMap::new(),
+            stack_cache: HashMap::new(),
+        }
+    }
+
+    /// Read fault stacks from `stacks`.
+    pub fn set_stack_source(&mut self, stacks: Box<dyn StackSource>) {
+        self.stacks = Some(stacks);
+    }
+
+    /// Whether the fault backend marks every file-backed fault.
+    pub fn set_file_faults_seen(&mut self, seen: bool) {
+        self.file_faults_seen = seen;
+    }
+
+    /// The correlator's counts.
+    pub fn correlator_stats(&self) -> CorrelatorStats {
+        self.correlator.stats
+    }
+
+    /// Symbolize faults of a new traced process with its image.
+    pub fn started(&mut self, info: &ProcessInfo) {
+        if let Some(image) = &info.image {
+            self.images
+                .insert(info.pid, ProcessImage::new(info.pid, image.clone()));
+        }
+    }
+
+    /// Handle one raw record; what it settles goes to `out`.
+    pub fn feed(&mut self, raw: &[u8], out: &mut Vec<Observed>) {
+        let event = match Event::decode(raw) {
+            Ok(e) => e,
+            Err(e) => {
+                log::debug!("{e}");
+                self.losses.count_error(&e);
+                return;
+            }
+        };
+        match event {
+            Event::Pause(ev) => self.correlator.pause(pause::record(&ev, self.clock), out),
+            Event::Fault(ev) if self.opts.faults => {
+                let stack = self.stack(ev.header.tgid, ev.user_stack_id);
+                let fault = Fault::from_event(&ev, stack, self.file_faults_seen);
+                self.correlator.fault(fault, out);
+            }
+            Event::StackGrowth(ev) if self.opts.stacks => out.push(Observed::StackGrowth(ev)),
+            Event::Fault(_) | Event::StackGrowth(_) => {
+                self.losses.unhandled += 1;
+                return;
+            }
+        }
+        self.losses.handled += 1;
+    }
+
+    /// Release what `now_ns` (CLOCK_MONOTONIC) settles.
+    pub fn settle(&mut self, now_ns: u64, out: &mut Vec<Observed>) {
+        self.correlator.settle(now_ns, out);
+    }
+
+    /// `pid` exited and its events are in.
+    pub fn exited(&mut self, pid: u32, out: &mut Vec<Observed>) {
+        self.correlator.exited(pid, out);
+        self.images.remove(&pid);
+        self.stack_cache.retain(|(p, _), _| *p != pid);
+    }
+
+    /// The trace ends.
+    pub fn finish(&mut self, out: &mut Vec<Observed>) {
+        self.correlator.finish(out);
+    }
+
+    fn stack(&mut self, tgid: u32, id: i32) -> Arc<[Frame]> {
+        if id < 0 {
+            return Arc::from(Vec::new());
+        }
+        if let Some(s) = self.stack_cache.get(&(tgid, id)) {
+            return s.clone();
+        }
+        let pcs = self
+            .stacks
+            .as_ref()
+            .map_or_else(Vec::new, |s| s.addresses(id as u32));
+        let frames: Arc<[Frame]> = match self.images.get(&tgid) {
+            Some(image) => image.stack(&pcs, MAX_FRAMES).into(),
+            None => pcs
+                .iter()
+                .take(MAX_FRAMES)
+                .map(|&pc| Frame::unknown(pc))
+                .collect(),
+        };
+        self.stack_cache.insert((tgid, id), frames.clone());
+        frames
+    }
+}
+
+/// CLOCK_MONOTONIC in ns, the clock of kernel timestamps.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+pub mod tests {
+    use tracer_common::{
+        event::{EventHeader, EventKind},
+        fault::{Backend, FaultEvent},
+        pause::{PauseEvent, REASON_TEXT_LEN},
+        stack::StackGrowthEvent,
+    };
+
+    use super::*;
+    use crate::engine::correlate::GRACE_NS;
+
+    pub fn bytes<T: aya::Pod>(v: &T) -> Vec<u8> {
+        // SAFETY: T is Pod: plain bytes, no padding.
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+    }
+
+    /// A pause event of `pid`: Go's own start and end, probes around them.
+    pub fn pause_event(pid: u32, reason: u32, start: u64, dur: u64) -> Vec<u8> {
+        bytes(&PauseEvent {
+            header: EventHeader {
+                kind: EventKind::Pause as u32,
+                tgid: pid,
+                tid: pid,
+                cpu: 0,
+                ts_ns: start + dur + 10,
+            },
+            stop_ts_ns: start - 10,
+            go_now_ns: start + dur,
+            go_started_ns: start,
+            stop_tid: pid,
+            reason,
+            flags: PauseEvent::FLAG_GO_START,
+            reason_text_len: 0,
+            reason_text: [0; REASON_TEXT_LEN],
+        })
+    }
+
+    /// A swap-in fault of `tid` in `pid` from `begin` to `end`.
+    pub fn fault_event(pid: u32, tid: u32, begin: u64, end: u64) -> Vec<u8> {
+        bytes(&FaultEvent {
+            header: EventHeader {
+                kind: EventKind::Fault as u32,
+                tgid: pid,
+                tid,
+                cpu: 0,
+                ts_ns: end,
+            },
+            begin_ns: begin,
+            address: 0xc000_0000,
+            ip: 0,
+            blocked_ns: (end - begin) / 2,
+            wait_own_ns: (end - begin) / 2,
+            wait_other_ns: 0,
+            user_stack_id: -1,
+            flags: FaultEvent::FLAG_SWAP,
+            reads_issued: 1,
+            backend: Backend::Tracepoint as u32,
+        })
+    }
+
+    #[test]
+    fn records_decode_once_and_bad_ones_are_counted() {
+        let mut s = Stream::new(
+            WallClock::default(),
+            StreamOptions {
+                faults: false,
+                stacks: true,
+            },
+        );
+        let mut out = Vec::new();
+        let ev = pause_event(42, 2, 1_000, 140);
+        s.feed(&ev, &mut out);
+        let Some(Observed::Pause(p)) = out.first() else {
+            panic!("no pause");
+        };
+        assert_eq!((p.record.pid, p.record.duration_ns), (42, 140));
+        s.feed(&ev[..30], &mut out);
+        let mut unknown = ev.clone();
+        unknown[0] = 77;
+        s.feed(&unknown, &mut out);
+        s.feed(&fault_event(1, 1, 10, 20), &mut out);
+        s.feed(&[1, 2, 3], &mut out);
+        let mut growth: StackGrowthEvent = unsafe { std::mem::zeroed() };
+        growth.header.kind = EventKind::StackGrowth as u32;
+        s.feed(&bytes(&growth), &mut out);
+        assert_eq!(
+            s.losses,
+            Losses {
+                handled: 2,
+                malformed: 2,
+                unknown_kind: 1,
+                unhandled: 1
+            }
+        );
+        assert_eq!(s.losses.lost(), 4);
+        assert!(matches!(out.last(), Some(Observed::StackGrowth(_))));
+    }
+
+    #[test]
+    fn faults_join_their_pause_after_the_grace() {
+        let mut s = Stream::new(
+            WallClock::default(),
+            StreamOptions {
+                faults: true,
+                stacks: false,
+            },
+        );
+        let mut out = Vec::new();
+        s.feed(&fault_event(7, 7, 1_500, 1_900), &mut out);
+        s.feed(&pause_event(7, 1, 1_000, 1_000), &mut out);
+        s.feed(&fault_event(7, 8, 1_600, 9_000), &mut out);
+        assert!(out.is_empty());
+        s.settle(2_000 + GRACE_NS + 1, &mut out);
+        let [Observed::Pause(p)] = &out[..] else {
+            panic!("one pause expected");
+        };
+        let f = p.record.faults.as_ref().unwrap();
+        assert_eq!(
+            (f.all.faults, f.stopper.faults, f.other_threads.faults),
+            (2, 1, 1)
+        );
+    }
+}

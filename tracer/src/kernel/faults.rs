@@ -1,0 +1,194 @@
+//! Attaching and detaching a fault backend. Both feed the same `FaultEvent`s;
+//! which one is used is `capabilities::Capabilities::choose`'s decision. The
+//! hooks are host-wide (system-wide tracepoints, per-CPU perf events,
+//! kprobes), so the core attaches them only while some process is traced.
+
+use std::path::Path;
+
+use anyhow::{Context as _, bail};
+use aya::{
+    programs::{
+        KProbe, PerfEvent, TracePoint,
+        kprobe::KProbeLinkId,
+        perf_event::{
+            PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
+        },
+        trace_point::TracePointLinkId,
+    },
+    util::online_cpus,
+};
+use tracer_common::fault::programs;
+
+use super::{
+    capabilities::{BackendChoice, Capabilities, FaultBackend},
+    object::Object,
+};
+
+/// Where tracefs is mounted by `ensure_tracefs` when nothing is.
+pub const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// Mount tracefs at /sys/kernel/tracing when no tracefs is mounted: attaching
+/// tracepoints (and uprobe/kprobe events) looks event ids up there.
+pub fn ensure_tracefs() -> anyhow::Result<&'static Path> {
+    for dir in [TRACEFS, "/sys/kernel/debug/tracing"] {
+        if Path::new(dir).join("events").is_dir() {
+            return Ok(Path::new(dir));
+        }
+    }
+    let c = |s: &str| std::ffi::CString::new(s).expect("no NUL");
+    let (src, target) = (c("tracefs"), c(TRACEFS));
+    // SAFETY: valid NUL-terminated strings; no data argument.
+    let ret = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            src.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if ret != 0 {
+        bail!(
+            "tracefs is not mounted and mounting it at {TRACEFS} failed ({}); run \
+             `mount -t tracefs tracefs {TRACEFS}` as root",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(Path::new(TRACEFS))
+}
+
+/// An attached backend: what to detach.
+pub struct FaultHooks {
+    pub choice: BackendChoice,
+    kprobes: Vec<(&'static str, KProbeLinkId)>,
+    tracepoints: Vec<(&'static str, TracePointLinkId)>,
+    perf: Vec<PerfEventLinkId>,
+}
+
+/// Load every kprobe-backend program (verifier check), without attaching.
+pub fn load_kprobe_programs(object: &mut Object) -> anyhow::Result<()> {
+    for (name, _, _) in programs::KPROBES {
+        object.program::<KProbe>(name)?;
+    }
+    Ok(())
+}
+
+/// Load every tracepoint-backend program, without attaching.
+pub fn load_tracepoint_programs(object: &mut Object) -> anyhow::Result<()> {
+    for (name, _, _) in programs::TRACEPOINTS {
+        object.program::<TracePoint>(name)?;
+    }
+    object.program::<PerfEvent>(programs::MAJOR_FAULT_END)?;
+    Ok(())
+}
+
+impl FaultHooks {
+    /// Attach the backend `choice` names (decided on `caps`).
+    pub fn attach(
+        object: &mut Object,
+        caps: &Capabilities,
+        choice: BackendChoice,
+    ) -> anyhow::Result<FaultHooks> {
+        let mut hooks = FaultHooks {
+            choice,
+            kprobes: Vec::new(),
+            tracepoints: Vec::new(),
+            perf: Vec::new(),
+        };
+        let attached = match hooks.choice.backend {
+            FaultBackend::Kprobe => hooks.attach_kprobes(object, &caps.kprobe_functions),
+            FaultBackend::Tracepoint => hooks.attach_tracepoints(object, caps.filemap_tracepoint),
+            FaultBackend::None => Err(anyhow::anyhow!("{}", hooks.choice.reason)),
+        };
+        match attached {
+            Ok(()) => Ok(hooks),
+            Err(e) => {
+                hooks.detach(object);
+                Err(e)
+            }
+        }
+    }
+
+    fn attach_kprobes(
+        &mut self,
+        object: &mut Object,
+        functions: &[(&'static str, &'static str)],
+    ) -> anyhow::Result<()> {
+        load_kprobe_programs(object)?;
+        for &(name, function) in functions {
+            let link = object.program::<KProbe>(name)?.attach(function, 0).with_context(|| {
+                format!(
+                    "attaching kprobe {name} to {function} failed; this kernel may lack kprobes \
+                     (CONFIG_KPROBES): use --fault-source tracepoint"
+                )
+            })?;
+            self.kprobes.push((name, link));
+        }
+        Ok(())
+    }
+
+    fn attach_tracepoints(
+        &mut self,
+        object: &mut Object,
+        with_filemap: bool,
+    ) -> anyhow::Result<()> {
+        ensure_tracefs()?;
+        load_tracepoint_programs(object)?;
+        for &(name, category, event) in programs::TRACEPOINTS {
+            if name == programs::OPTIONAL_TRACEPOINT && !with_filemap {
+                continue;
+            }
+            let link = object
+                .program::<TracePoint>(name)?
+                .attach(category, event)
+                .with_context(|| format!("attaching {name} to tracepoint {category}:{event}"))?;
+            self.tracepoints.push((name, link));
+        }
+        let cpus = online_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
+        let prog = object.program::<PerfEvent>(programs::MAJOR_FAULT_END)?;
+        for cpu in cpus {
+            let link = prog
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::PageFaultsMaj),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Period(1),
+                    false,
+                )
+                .with_context(|| {
+                    format!("attaching the PAGE_FAULTS_MAJ perf event on CPU {cpu}")
+                })?;
+            self.perf.push(link);
+        }
+        Ok(())
+    }
+
+    /// Detach every hook (errors are logged: the kernel drops what is left
+    /// when gostw exits).
+    pub fn detach(mut self, object: &mut Object) {
+        for (name, link) in self.kprobes.drain(..) {
+            if let Err(e) = object
+                .program::<KProbe>(name)
+                .and_then(|p| Ok(p.detach(link)?))
+            {
+                log::warn!("detaching {name}: {e:#}");
+            }
+        }
+        for (name, link) in self.tracepoints.drain(..) {
+            if let Err(e) = object
+                .program::<TracePoint>(name)
+                .and_then(|p| Ok(p.detach(link)?))
+            {
+                log::warn!("detaching {name}: {e:#}");
+            }
+        }
+        if !self.perf.is_empty()
+            && let Ok(p) = object.program::<PerfEvent>(programs::MAJOR_FAULT_END)
+        {
+            for link in self.perf.drain(..) {
+                if let Err(e) = p.detach(link) {
+                    log::warn!("detaching {}: {e}", programs::MAJOR_FAULT_END);
+                }
+            }
+        }
+    }
+}

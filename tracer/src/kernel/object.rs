@@ -1,0 +1,198 @@
+//! The embedded kernel object: loading it, typed handles to its programs
+//! (each loaded once, on first use) and its maps. Program and map names come
+//! from `tracer_common`, next to the kernel side that defines them.
+
+use anyhow::{Context as _, bail};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
+    programs::{KProbe, PerfEvent, Program, TracePoint, UProbe},
+};
+use tracer_common::{
+    counters::Counter,
+    map_names,
+    pause::PauseWindow,
+    process::{Probe, ProbeHitKey, TracedProcess},
+};
+
+/// The object built from `tracer-ebpf` by build.rs.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gostw-ebpf"));
+
+/// A program type whose `load()` takes no arguments.
+pub trait Loadable {
+    fn load_once(&mut self) -> Result<(), aya::programs::ProgramError>;
+}
+
+macro_rules! loadable {
+    ($($t:ty),*) => {$(
+        impl Loadable for $t {
+            fn load_once(&mut self) -> Result<(), aya::programs::ProgramError> {
+                if self.fd().is_err() {
+                    self.load()?;
+                }
+                Ok(())
+            }
+        }
+    )*};
+}
+loadable!(UProbe, TracePoint, KProbe, PerfEvent);
+
+/// The loaded object: programs (not attached here) and maps.
+pub struct Object {
+    ebpf: Ebpf,
+}
+
+impl Object {
+    /// Load every map into the kernel; programs load when first used.
+    pub fn load() -> anyhow::Result<Object> {
+        if EBPF_OBJECT.is_empty() {
+            bail!(
+                "this gostw was built with AYA_BUILD_SKIP=1 and carries no eBPF programs; \
+                 rebuild it without that variable (cargo xtask setup installs what the build needs)"
+            );
+        }
+        raise_memlock_limit();
+        // The programs read raw offsets (tracepoint formats, Go's structs
+        // from binary analysis) and need no CO-RE relocation, so the kernel's
+        // BTF (megabytes, about half a second to parse here) is not loaded.
+        let ebpf = EbpfLoader::new().btf(None).load(EBPF_OBJECT).map_err(|e| {
+            // SAFETY: no preconditions.
+            let root = unsafe { libc::geteuid() } == 0;
+            let msg = e.to_string();
+            let hint = if !root || msg.contains("EPERM") || msg.contains("ermission") {
+                " (gostw needs root, or CAP_BPF + CAP_PERFMON)"
+            } else {
+                ""
+            };
+            anyhow::anyhow!("loading the eBPF programs failed{hint}: {e}")
+        })?;
+        Ok(Object { ebpf })
+    }
+
+    /// Program `name`, as type `T`, loaded into the kernel.
+    pub fn program<T>(&mut self, name: &str) -> anyhow::Result<&mut T>
+    where
+        T: Loadable,
+        for<'a> &'a mut T: TryFrom<&'a mut Program, Error = aya::programs::ProgramError>,
+    {
+        let prog: &mut T = self
+            .ebpf
+            .program_mut(name)
+            .with_context(|| format!("program {name} missing from the eBPF object"))?
+            .try_into()?;
+        prog.load_once()
+            .with_context(|| format!("the kernel rejected program {name}"))?;
+        Ok(prog)
+    }
+
+    /// Every program of the object by name (for cost statistics).
+    pub fn programs(&self) -> impl Iterator<Item = (&str, &Program)> {
+        self.ebpf.programs()
+    }
+
+    /// The whole object, for code that reads program information.
+    pub fn ebpf(&self) -> &Ebpf {
+        &self.ebpf
+    }
+
+    /// Add process `tgid` to the traced set.
+    pub fn trace(&mut self, tgid: u32, process: TracedProcess) -> anyhow::Result<()> {
+        let mut traced: HashMap<_, u32, TracedProcess> =
+            HashMap::try_from(self.map_mut(map_names::TRACED)?)?;
+        traced
+            .insert(tgid, process, 0)
+            .with_context(|| format!("adding pid {tgid} to the traced set"))
+    }
+
+    /// Remove process `tgid` and its entries in the maps every probe family
+    /// shares (the stack-growth family's own map: `stacks::forget_process`).
+    pub fn forget(&mut self, tgid: u32) -> anyhow::Result<()> {
+        // Absent entries are fine: a probe that never fired left none.
+        let mut traced: HashMap<_, u32, TracedProcess> =
+            HashMap::try_from(self.map_mut(map_names::TRACED)?)?;
+        let _ = traced.remove(&tgid);
+        let mut windows: HashMap<_, u32, PauseWindow> =
+            HashMap::try_from(self.map_mut(map_names::PAUSE_WINDOWS)?)?;
+        let _ = windows.remove(&tgid);
+        let mut hits: PerCpuHashMap<_, ProbeHitKey, u64> =
+            PerCpuHashMap::try_from(self.map_mut(map_names::PROBE_HITS)?)?;
+        for probe in Probe::ALL {
+            let _ = hits.remove(&ProbeHitKey {
+                tgid,
+                probe: probe as u32,
+            });
+        }
+        Ok(())
+    }
+
+    /// How many times `probe` fired in process `tgid`.
+    pub fn probe_hits(&self, tgid: u32, probe: Probe) -> anyhow::Result<u64> {
+        let hits: PerCpuHashMap<_, ProbeHitKey, u64> =
+            PerCpuHashMap::try_from(self.map(map_names::PROBE_HITS)?)?;
+        let key = ProbeHitKey {
+            tgid,
+            probe: probe as u32,
+        };
+        match hits.get(&key, 0) {
+            Ok(per_cpu) => Ok(per_cpu.iter().sum()),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The kernel-side health counters, summed over CPUs.
+    pub fn counters(&self) -> anyhow::Result<Vec<(Counter, u64)>> {
+        let array: PerCpuArray<_, u64> = PerCpuArray::try_from(self.map(map_names::COUNTERS)?)?;
+        Counter::ALL
+            .iter()
+            .map(|&c| Ok((c, array.get(&(c as u32), 0)?.iter().sum())))
+            .collect()
+    }
+
+    /// Take the `EVENTS` ring buffer (once) for the engine's reader.
+    pub fn take_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
+        let map = self
+            .ebpf
+            .take_map(map_names::EVENTS)
+            .context("the EVENTS ring buffer was already taken")?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    /// Take the fault user-stack map (once) for the engine's decoder.
+    pub fn take_fault_stacks(&mut self) -> anyhow::Result<StackTraceMap<MapData>> {
+        let map = self
+            .ebpf
+            .take_map(map_names::FAULT_STACKS)
+            .context("the FAULT_STACKS map was already taken")?;
+        Ok(StackTraceMap::try_from(map)?)
+    }
+
+    pub(super) fn map(&self, name: &str) -> anyhow::Result<&aya::maps::Map> {
+        self.ebpf
+            .map(name)
+            .with_context(|| format!("map {name} missing from the eBPF object"))
+    }
+
+    pub(super) fn map_mut(&mut self, name: &str) -> anyhow::Result<&mut aya::maps::Map> {
+        self.ebpf
+            .map_mut(name)
+            .with_context(|| format!("map {name} missing from the eBPF object"))
+    }
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lift it so large
+/// ring buffers load there too. Failure is harmless on newer kernels.
+fn raise_memlock_limit() {
+    let rlim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain syscall with a valid pointer.
+    let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) };
+    if ret != 0 {
+        log::debug!(
+            "setrlimit(RLIMIT_MEMLOCK) failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}

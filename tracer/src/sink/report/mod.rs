@@ -1,0 +1,477 @@
+//! What gostw prints: a live line (or JSON line) per notable pause, and a
+//! summary at the end. The JSON field names are a stable interface
+//! (README.md, "JSON output"); units are in the names. One sink serves every
+//! terminal front end; its `View` says which summary it ends with.
+//!
+//! - `pauses`: per reason statistics; `faults`: the fault summary.
+//! - `text`, `faults_text`: the text forms.
+
+pub mod faults;
+pub mod faults_text;
+pub mod pauses;
+pub mod text;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::Write,
+    sync::Arc,
+};
+
+use serde::Serialize;
+use tracer_common::counters::Counter;
+
+pub use self::text::{pause_line, summary_text};
+use self::{
+    faults::{FaultReport, FaultSummary},
+    pauses::{PauseStats, ProcessPauses},
+};
+use super::Sink;
+use crate::{
+    engine::{
+        correlate::CorrelatorStats,
+        event::Losses,
+        observed::{Observed, ProcessInfo},
+        pause::PauseRecord,
+    },
+    image::ProcessImage,
+    stackgrowth::{Mode, NoSymbols, StackGrowthAggregator, StackGrowthSummary, goroutines},
+};
+
+/// How many of each process's longest pauses the summary lists.
+pub const WORST_KEPT: usize = 5;
+
+/// Which report a front end ends with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum View {
+    /// `attach`/`run`: live pause lines, then pauses, faults and stack growth.
+    Trace,
+    /// `gostw faults`: the fault summary.
+    Faults,
+    /// `gostw stacks`: the stack-growth summary.
+    Stacks,
+}
+
+/// A traced process, as the summary names it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ProcessEntry {
+    pub pid: u32,
+    pub exe: String,
+    pub go_version: String,
+    /// Exit code (128 + signal for a signal) if it exited while traced.
+    pub exit_code: Option<i32>,
+}
+
+/// One reason's pauses in one process.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReasonSummary {
+    pub reason: &'static str,
+    pub reason_code: u32,
+    /// Go's wording.
+    pub name: &'static str,
+    /// Counted by Go as a GC pause (`/sched/pauses/total/gc:seconds`).
+    pub gc: bool,
+    pub count: u64,
+    pub total_ns: u64,
+    pub p50_ns: u64,
+    pub p90_ns: u64,
+    pub p99_ns: u64,
+    pub p999_ns: u64,
+    pub max_ns: u64,
+}
+
+/// One process's pauses.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProcessSummary {
+    #[serde(flatten)]
+    pub process: ProcessEntry,
+    pub pauses: u64,
+    pub total_ns: u64,
+    pub by_reason: Vec<ReasonSummary>,
+    /// The longest pauses, longest first.
+    pub worst: Vec<PauseRecord>,
+}
+
+/// Events that happened but are missing from the records.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Lost {
+    pub total: u64,
+    /// Kernel-side counters by name (`Counter::name`).
+    pub kernel: BTreeMap<&'static str, u64>,
+    /// Events that reached user space but could not be used.
+    pub user: Losses,
+    /// How the correlator decided faults it could not place in a record
+    /// (counted in the totals, so not part of `total`).
+    pub correlator: CorrelatorStats,
+}
+
+/// The end-of-trace report.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub elapsed_ns: u64,
+    pub processes: Vec<ProcessSummary>,
+    /// Major faults and how much of each pause they explain (when traced).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub faults: Option<FaultSummary>,
+    /// Goroutine stack growth of the traced process (when traced).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stack_growth: Option<StackGrowthSummary>,
+    pub lost: Lost,
+}
+
+/// Where and how live records are written.
+pub struct Output {
+    out: Box<dyn Write>,
+    json: bool,
+    threshold_ns: u64,
+}
+
+impl Output {
+    /// Write to `out`, as JSON lines or text; only pauses of at least
+    /// `threshold_ns` are written as they happen.
+    pub fn new(out: Box<dyn Write>, json: bool, threshold_ns: u64) -> Output {
+        Output {
+            out,
+            json,
+            threshold_ns,
+        }
+    }
+
+    fn pause(&mut self, p: &PauseRecord) -> std::io::Result<()> {
+        if p.duration_ns < self.threshold_ns {
+            return Ok(());
+        }
+        if self.json {
+            #[derive(Serialize)]
+            struct Tagged<'a> {
+                #[serde(rename = "type")]
+                kind: &'static str,
+                #[serde(flatten)]
+                record: &'a PauseRecord,
+            }
+            self.json_line(&Tagged {
+                kind: "pause",
+                record: p,
+            })
+        } else {
+            writeln!(self.out, "{}", pause_line(p))?;
+            self.out.flush()
+        }
+    }
+
+    fn json_line(&mut self, v: &impl Serialize) -> std::io::Result<()> {
+        serde_json::to_writer(&mut self.out, v)?;
+        self.out.write_all(b"\n")?;
+        self.out.flush()
+    }
+}
+
+/// Stack growth of one process, as the stream tells it.
+struct StackWatch {
+    agg: StackGrowthAggregator,
+    image: Option<ProcessImage>,
+    samples: (u64, u64),
+    peak_goroutines: Option<u64>,
+}
+
+impl StackWatch {
+    fn new(mode: Mode) -> StackWatch {
+        StackWatch {
+            agg: StackGrowthAggregator::new(mode),
+            image: None,
+            samples: (0, 0),
+            peak_goroutines: None,
+        }
+    }
+}
+
+/// The terminal/JSON sink.
+pub struct ReportSink {
+    view: View,
+    output: Output,
+    pauses: PauseStats,
+    faults: Option<FaultReport>,
+    stack_mode: Option<Mode>,
+    stacks: HashMap<u32, StackWatch>,
+    /// A goroutine count given on the command line, for the memory estimate.
+    pub goroutines: Option<u64>,
+    /// Say on standard error when a process is traced (`attach`).
+    pub announce: bool,
+    processes: Vec<(Arc<ProcessInfo>, Option<i32>)>,
+    counters: Vec<(Counter, u64)>,
+    losses: Losses,
+    correlator: CorrelatorStats,
+    write_error: Option<std::io::Error>,
+}
+
+impl ReportSink {
+    /// A report of `view`; faults and stack growth sections when traced.
+    pub fn new(view: View, output: Output, faults: bool, stacks: Option<Mode>) -> ReportSink {
+        ReportSink {
+            view,
+            output,
+            pauses: PauseStats::new(WORST_KEPT),
+            faults: faults.then(FaultReport::default),
+            stack_mode: stacks,
+            stacks: HashMap::new(),
+            goroutines: None,
+            announce: false,
+            processes: Vec::new(),
+            counters: Vec::new(),
+            losses: Losses::default(),
+            correlator: CorrelatorStats::default(),
+            write_error: None,
+        }
+    }
+
+    /// The first error writing live records, if any.
+    pub fn take_write_error(&mut self) -> Option<std::io::Error> {
+        self.write_error.take()
+    }
+
+    /// The pause statistics of `pid`.
+    pub fn process_pauses(&self, pid: u32) -> Option<&ProcessPauses> {
+        self.pauses.process(pid)
+    }
+
+    fn stack_watch(&mut self, pid: u32) -> Option<&mut StackWatch> {
+        let mode = self.stack_mode?;
+        Some(
+            self.stacks
+                .entry(pid)
+                .or_insert_with(|| StackWatch::new(mode)),
+        )
+    }
+
+    /// The summary of everything observed, over `elapsed_ns`.
+    pub fn summary(&self, elapsed_ns: u64) -> Summary {
+        let empty = ProcessPauses::default();
+        let processes = self
+            .processes
+            .iter()
+            .map(|(info, exit_code)| {
+                let p = self.pauses.process(info.pid).unwrap_or(&empty);
+                let by_reason: Vec<_> = p
+                    .by_reason
+                    .iter()
+                    .map(|(r, s)| ReasonSummary {
+                        reason: r.id(),
+                        reason_code: r.0,
+                        name: r.name(),
+                        gc: r.is_gc(),
+                        count: s.count,
+                        total_ns: s.total_ns,
+                        p50_ns: s.quantile_ns(0.5),
+                        p90_ns: s.quantile_ns(0.9),
+                        p99_ns: s.quantile_ns(0.99),
+                        p999_ns: s.quantile_ns(0.999),
+                        max_ns: s.max_ns,
+                    })
+                    .collect();
+                ProcessSummary {
+                    process: ProcessEntry {
+                        pid: info.pid,
+                        exe: info.exe.display().to_string(),
+                        go_version: info.go_version.clone(),
+                        exit_code: *exit_code,
+                    },
+                    pauses: p.count(),
+                    total_ns: by_reason.iter().map(|r| r.total_ns).sum(),
+                    by_reason,
+                    worst: p.worst.clone(),
+                }
+            })
+            .collect();
+        let kernel: BTreeMap<_, _> = self.counters.iter().map(|&(c, n)| (c.name(), n)).collect();
+        Summary {
+            kind: "summary",
+            elapsed_ns,
+            processes,
+            faults: self.faults.as_ref().map(FaultReport::summary),
+            stack_growth: self.stack_summary(),
+            lost: Lost {
+                total: kernel.values().sum::<u64>() + self.losses.lost(),
+                kernel,
+                user: self.losses,
+                correlator: self.correlator,
+            },
+        }
+    }
+
+    /// Stack growth of the first traced process.
+    pub fn stack_summary(&self) -> Option<StackGrowthSummary> {
+        let (info, _) = self.processes.first()?;
+        let mode = self.stack_mode?;
+        let fresh;
+        let w = match self.stacks.get(&info.pid) {
+            Some(w) => w,
+            None => {
+                fresh = StackWatch::new(mode);
+                &fresh
+            }
+        };
+        let goroutines = self
+            .goroutines
+            .map(|n| (n, "--goroutines"))
+            .or(w.peak_goroutines.map(|n| (n, goroutines::SOURCE)));
+        Some(match &w.image {
+            Some(image) => w.agg.summary(image, goroutines),
+            None => w.agg.summary(&NoSymbols, goroutines),
+        })
+    }
+
+    /// Write the final report of the view.
+    pub fn finish(&mut self, elapsed_ns: u64) -> std::io::Result<()> {
+        match self.view {
+            View::Trace => {
+                let s = self.summary(elapsed_ns);
+                if self.output.json {
+                    self.output.json_line(&s)?;
+                } else {
+                    write!(self.output.out, "{}", summary_text(&s))?;
+                }
+            }
+            View::Faults => {
+                let s = self
+                    .faults
+                    .as_ref()
+                    .map(FaultReport::summary)
+                    .unwrap_or_default();
+                if self.output.json {
+                    writeln!(self.output.out, "{}", serde_json::to_string_pretty(&s)?)?;
+                } else {
+                    write!(self.output.out, "{}", faults_text::render_text(&s, 10))?;
+                }
+            }
+            View::Stacks => {
+                if let Some(s) = self.stack_summary() {
+                    if self.output.json {
+                        self.output.json_line(&s)?;
+                    } else {
+                        let (info, _) = &self.processes[0];
+                        write!(
+                            self.output.out,
+                            "pid {} ({}):\n{}",
+                            info.pid,
+                            info.go_version,
+                            s.render_text()
+                        )?;
+                    }
+                }
+            }
+        }
+        self.output.out.flush()
+    }
+}
+
+impl Sink for ReportSink {
+    fn observe(&mut self, o: &Observed) {
+        match o {
+            Observed::Started(info) => {
+                if self.announce {
+                    eprintln!(
+                        "gostw: tracing pid {} ({}, {}); Ctrl-C to stop",
+                        info.pid,
+                        info.exe.display(),
+                        info.go_version
+                    );
+                }
+                self.processes.push((info.clone(), None));
+                if let Some(f) = &mut self.faults {
+                    f.process(info.pid);
+                }
+                if let (Some(image), Some(w)) = (info.image.clone(), self.stack_watch(info.pid)) {
+                    let p = ProcessImage::new(info.pid, image);
+                    // The load bias is readable only while the process lives.
+                    let _ = p.bias();
+                    w.image = Some(p);
+                }
+            }
+            Observed::ExitStatus { pid, code } => {
+                if let Some((_, c)) = self.processes.iter_mut().find(|(i, _)| i.pid == *pid) {
+                    *c = Some(*code);
+                }
+            }
+            Observed::Pause(p) => {
+                self.pauses.add(&p.record);
+                if let Some(f) = &mut self.faults {
+                    f.pause(p);
+                }
+                if self.view == View::Trace
+                    && let Err(e) = self.output.pause(&p.record)
+                {
+                    self.write_error.get_or_insert(e);
+                }
+            }
+            Observed::Fault(f, membership) => {
+                if let Some(r) = &mut self.faults {
+                    r.fault(f, *membership);
+                }
+            }
+            Observed::StackGrowth(ev) => {
+                if let Some(w) = self.stack_watch(ev.header.tgid) {
+                    w.agg.add_event(ev);
+                    // The process lives: its load bias can be read now.
+                    if let Some(image) = &w.image {
+                        let _ = image.bias();
+                    }
+                }
+            }
+            Observed::Counts {
+                pid,
+                samples,
+                sample_hz,
+                ..
+            } => {
+                if let Some(w) = self.stack_watch(*pid) {
+                    w.samples.0 += samples.all;
+                    w.samples.1 += samples.stack_growth;
+                    w.agg.set_cpu_samples(w.samples.0, w.samples.1, *sample_hz);
+                    if let Some(image) = &w.image {
+                        let _ = image.bias();
+                    }
+                }
+            }
+            Observed::StackSites {
+                pid,
+                rows,
+                observed,
+            } => {
+                if let Some(w) = self.stack_watch(*pid) {
+                    w.agg.set_sites(rows.iter().copied());
+                    w.agg.set_observed(observed.0, observed.1);
+                }
+            }
+            Observed::Goroutines { pid, peak } => {
+                if let Some(w) = self.stack_watch(*pid) {
+                    w.peak_goroutines = Some(*peak);
+                }
+            }
+            Observed::FaultBackend(choice) => {
+                eprintln!(
+                    "gostw: fault backend {}: {}",
+                    choice.backend.name(),
+                    choice.reason
+                );
+                if let Some(f) = &mut self.faults {
+                    f.set_backend(choice.backend.name());
+                }
+            }
+            Observed::FaultsUnavailable(why) => {
+                eprintln!("gostw: major faults not traced: {why}");
+            }
+            Observed::KernelCounters(c) => self.counters.clone_from(c),
+            Observed::Losses { user, correlator } => {
+                self.losses = *user;
+                self.correlator = *correlator;
+            }
+            Observed::Exited { .. }
+            | Observed::AttachFailed(_)
+            | Observed::LabelsOverflowed
+            | Observed::Traced { .. }
+            | Observed::HostPolled { .. }
+            | Observed::SamplerAttached(_) => {}
+        }
+    }
+}
