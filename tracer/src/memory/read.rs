@@ -16,9 +16,11 @@ use super::{
     pagemap::Pagemap,
     procmem::ProcessMemory,
     smaps::{self, Mapping},
-    vmstat::monotonic_ns,
 };
-use crate::{binary::GoBinary, image::ProcessImage, memory::cgroup::CgroupMemory};
+use crate::{
+    binary::GoBinary, engine::stream::monotonic_ns, image::ProcessImage,
+    memory::cgroup::CgroupMemory,
+};
 
 /// How much of the process gostw reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
