@@ -1,52 +1,71 @@
-//! What the exposure needs of a process's executable: the analysed Go
-//! binary and the layouts of the runtime's heap structs from its DWARF.
-//! Both are per executable, not per process: the tracing engine and the
-//! agent build one `Executable` per binary and reuse it for every read.
+//! What the exposure needs of a process's executable: its analysis from
+//! the one process image service (`image::ExecutableImage`, cached per
+//! file) and the layouts of the runtime's heap structs from its DWARF.
+//! Both are per executable, not per process: the engine and the agent keep
+//! one `Executable` per binary and reuse it for every read.
 
-use std::sync::Arc;
+use std::{cell::Cell, path::Path, sync::Arc};
 
 use super::{MemoryError, PlainSummary, dwarf, smaps};
-use crate::binary::{BinaryError, GoBinary, running};
+use crate::{
+    binary::{BinaryError, GoBinary, running},
+    image::{ExeId, ExecutableImage},
+};
 
 /// A Go executable, ready for `Exposure::read_with`.
 pub struct Executable {
-    pub binary: Arc<GoBinary>,
+    pub image: Arc<ExecutableImage>,
     /// `runtime.mheap`, `runtime.heapArena`, `runtime.mspan` from DWARF;
     /// `None` without DWARF (`-w`, `-s -w`).
     pub heap_layouts: Option<dwarf::Layouts>,
 }
 
 impl Executable {
-    /// Analyse the executable of process `pid`. A process that is not Go
-    /// gets `MemoryError::NotGo`, with what its smaps alone tells.
+    /// The executable of process `pid`, through the image cache. A process
+    /// that is not Go gets `MemoryError::NotGo`, with what its smaps alone
+    /// tells.
     pub fn of_process(pid: u32) -> Result<Executable, MemoryError> {
         // No executable: gone, a zombie or a kernel thread, which says which.
         let exe = running::process_exe(pid).map_err(|_| MemoryError::no_memory(pid))?;
-        let data = std::fs::read(format!("/proc/{pid}/exe"))
-            .map_err(|e| MemoryError::from_io(pid, "its executable", e))?;
-        // Before the binary takes the bytes; cheap where there is no DWARF.
-        let heap_layouts = dwarf::heap_layouts(&data);
-        match GoBinary::from_bytes(&exe.host_path, data) {
-            Ok(binary) => Ok(Executable {
-                binary: Arc::new(binary),
+        let path = format!("/proc/{pid}/exe");
+        let id = ExeId::of(Path::new(&path)).map_err(|_| MemoryError::no_memory(pid))?;
+        let not_go = Cell::new(false);
+        let mut heap_layouts = None;
+        let mut read_here = false;
+        let image = ExecutableImage::cached(id, || {
+            let data = std::fs::read(&path).map_err(|e| BinaryError::Process {
+                pid,
+                reason: format!("cannot read its executable: {e}"),
+            })?;
+            // Before the analysis takes the bytes; cheap where there is no DWARF.
+            heap_layouts = dwarf::heap_layouts(&data);
+            read_here = true;
+            GoBinary::from_bytes(&exe.host_path, data).inspect_err(|e| {
+                not_go.set(matches!(
+                    e,
+                    BinaryError::NotGo { .. } | BinaryError::NotElf { .. }
+                ))
+            })
+        });
+        match image {
+            Ok(image) if read_here => Ok(Executable {
+                image,
                 heap_layouts,
             }),
-            Err(BinaryError::NotGo { .. } | BinaryError::NotElf { .. }) => {
-                Err(MemoryError::NotGo {
-                    pid,
-                    exe: exe.exe.display().to_string(),
-                    summary: plain_summary(pid),
-                })
-            }
+            Ok(image) => Executable::for_image(image, pid),
+            Err(_) if not_go.get() => Err(MemoryError::NotGo {
+                pid,
+                exe: exe.exe.display().to_string(),
+                summary: plain_summary(pid),
+            }),
             Err(source) => Err(MemoryError::Binary { pid, source }),
         }
     }
 
-    /// An executable already analysed (`binary`, e.g. from a process image
-    /// cache); its DWARF is read from `/proc/PID/exe` of a process running it
-    /// when it has some.
-    pub fn from_binary(binary: Arc<GoBinary>, pid: u32) -> Result<Executable, MemoryError> {
-        let heap_layouts = if binary.has_dwarf {
+    /// An executable the image service already analysed; its DWARF is read
+    /// from `/proc/PID/exe` of a process running it, when it has some.
+    pub fn for_image(image: Arc<ExecutableImage>, pid: u32) -> Result<Executable, MemoryError> {
+        let heap_layouts = if image.binary.has_dwarf {
             let data = std::fs::read(format!("/proc/{pid}/exe"))
                 .map_err(|e| MemoryError::from_io(pid, "its executable", e))?;
             dwarf::heap_layouts(&data)
@@ -54,9 +73,14 @@ impl Executable {
             None
         };
         Ok(Executable {
-            binary,
+            image,
             heap_layouts,
         })
+    }
+
+    /// The analysed binary.
+    pub fn binary(&self) -> &GoBinary {
+        &self.image.binary
     }
 }
 

@@ -5,8 +5,8 @@
 //! swap traffic, and advice from what was measured.
 //!
 //! Wiring: `Exposure::read(pid)` at any time (it only reads /proc), or
-//! `Exposure::read_with(pid, &exe, &options)` with an `Executable` built once
-//! per binary (`Executable::from_binary(Arc<GoBinary>, pid)`);
+//! `Exposure::read_with(pid, &exe, &options)` with an `Executable` kept per
+//! binary (`Executable::for_image(Arc<ExecutableImage>, pid)`);
 //! `HostSwap::snapshot()` at trace start and end, `HostSwap::delta(&a, &b)`;
 //! `advice(&exposure, &Evidence { host_swap, pauses, stack_growth,
 //! throttling })`; `MemoryReport` (serde) or `render_text`.

@@ -2,7 +2,7 @@
 //! runtime's heap index says (or what its layout says), then the classes,
 //! the cgroup and the host.
 
-use std::{ops::Range, os::unix::fs::MetadataExt as _};
+use std::ops::Range;
 
 use super::{
     ArenaSummary, Exposure, HostMemory, MemoryError, MetadataReads, c_alloc,
@@ -16,9 +16,11 @@ use super::{
     pagemap::Pagemap,
     procmem::ProcessMemory,
     smaps::{self, Mapping},
-    vmstat::monotonic_ns,
 };
-use crate::{binary::GoBinary, memory::cgroup::CgroupMemory};
+use crate::{
+    binary::GoBinary, engine::stream::monotonic_ns, image::ProcessImage,
+    memory::cgroup::CgroupMemory,
+};
 
 /// How much of the process gostw reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,18 +61,11 @@ pub(super) fn read(
     if mappings.is_empty() {
         return Err(MemoryError::no_memory(pid));
     }
-    let bin = &*exe.binary;
+    let bin = exe.binary();
     let mut notes = Vec::new();
-    let exe_inode = std::fs::metadata(format!("/proc/{pid}/exe"))
-        .ok()
-        .map(|m| m.ino());
-    let bias = match exe_inode.and_then(|ino| {
-        crate::image::maps::load_bias(
-            &crate::image::maps::read(pid).ok()?,
-            ino,
-            bin.load_segments(),
-        )
-    }) {
+    let exe_inode = Some(exe.image.id.ino);
+    // Through the one maps parser, as every front end reads the bias.
+    let bias = match ProcessImage::new(pid, exe.image.clone()).bias() {
         Some(b) => b,
         None => {
             notes.push("the executable's bss was not located: it is not mapped".into());

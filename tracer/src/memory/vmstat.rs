@@ -4,6 +4,7 @@
 //! the swap readahead hit ratio over the interval.
 
 use super::MemoryError;
+use crate::engine::stream::monotonic_ns;
 
 /// The host's swap counters at one moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -130,17 +131,6 @@ impl HostSwap {
             swap_used_bytes: b.swap_total_bytes.saturating_sub(b.swap_free_bytes),
         }
     }
-}
-
-/// `CLOCK_MONOTONIC` in ns (the clock Go and the kernel's BPF time use).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(test)]
