@@ -12,8 +12,9 @@ use miniz_oxide::inflate::stream::{InflateState, inflate};
 use object::elf;
 
 use super::{
-    image::{Image, Section, le_u32, le_u64},
+    image::Image,
     offsets::StructLayouts,
+    section::{Section, le_u32, le_u64},
 };
 
 /// The structs whose members gostw needs.

@@ -10,27 +10,12 @@ use object::{
     read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _},
 };
 
-use super::{Arch, mapped::FileBytes, symtab::Symtab};
-
-/// One section header.
-#[derive(Clone, Debug)]
-pub(crate) struct Section {
-    pub name: String,
-    pub addr: u64,
-    pub size: u64,
-    pub offset: u64,
-    pub kind: u32,
-    pub flags: u64,
-    /// `sh_link` (for a symbol table: its string table).
-    pub link: u32,
-}
-
-impl Section {
-    /// Does the section take space in the file (not `.bss`)?
-    fn has_file_data(&self) -> bool {
-        self.kind != elf::SHT_NOBITS
-    }
-}
+use super::{
+    Arch,
+    mapped::FileBytes,
+    section::{Section, le_u32, le_u64},
+    symtab::Symtab,
+};
 
 /// One `PT_LOAD` program header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -361,20 +346,6 @@ fn inflate(compressed: &[u8], declared: u64) -> Option<Vec<u8>> {
     const LIMIT: u64 = 1 << 30;
     let limit = usize::try_from(declared.min(LIMIT)).ok()?;
     miniz_oxide::inflate::decompress_to_vec_zlib_with_limit(compressed, limit).ok()
-}
-
-/// The little-endian u32 at the start of `b` (0 if `b` is shorter).
-pub(crate) fn le_u32(b: &[u8]) -> u32 {
-    b.get(..4)
-        .and_then(|w| w.try_into().ok())
-        .map_or(0, u32::from_le_bytes)
-}
-
-/// The little-endian u64 at the start of `b` (0 if `b` is shorter).
-pub(crate) fn le_u64(b: &[u8]) -> u64 {
-    b.get(..8)
-        .and_then(|w| w.try_into().ok())
-        .map_or(0, u64::from_le_bytes)
 }
 
 fn hex(bytes: &[u8]) -> String {

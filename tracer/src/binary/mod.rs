@@ -33,6 +33,7 @@ pub mod offsets;
 pub mod pclntab;
 mod rets;
 pub mod running;
+mod section;
 mod symtab;
 #[cfg(test)]
 mod tests;

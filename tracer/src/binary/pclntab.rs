@@ -11,8 +11,9 @@ use std::sync::Arc;
 
 use super::{
     GoVersion,
-    image::{Image, le_u32, le_u64},
+    image::Image,
     moduledata::{self, ModuleData},
+    section::{le_u32, le_u64},
 };
 
 /// Layout generation of the table.

@@ -6,7 +6,7 @@
 
 use object::elf;
 
-use super::image::{Section, le_u32, le_u64};
+use super::section::{Section, le_u32, le_u64};
 
 /// Size of one `Elf64_Sym`.
 const ENTRY: usize = 24;
