@@ -20,7 +20,7 @@ use anyhow::Context as _;
 use regex::Regex;
 
 use crate::{
-    engine::{Engine, Stop},
+    engine::{Engine, Stop, Until},
     kernel::{CoreOptions, capabilities::FaultSource, stacks::StackGrowthOptions},
     sink::{
         metrics::{Metrics, MetricsSink},
@@ -162,8 +162,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
     let result = loop {
         // Back every second to see whether the HTTP server still runs.
-        let check = tokio::time::Instant::now() + Duration::from_secs(1);
-        match engine.run(&mut target, &mut sink, Some(check)).await {
+        let mut check = Some(Until::After(Duration::from_secs(1)));
+        match engine.run(&mut target, &mut sink, &mut check).await {
             Ok(Stop::Signal(_)) => break Ok(()),
             Ok(_) if stopped.load(Ordering::SeqCst) => {
                 break Err(anyhow::anyhow!("the HTTP server stopped"));

@@ -12,7 +12,7 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, bail};
 use tracer::{
-    engine::{Engine, Stop},
+    engine::{Engine, Stop, Until},
     kernel::{CoreOptions, capabilities::FaultSource, stacks::StackGrowthOptions},
     sink::report::{Output, ReportSink, View},
     stackgrowth::Mode,
@@ -156,11 +156,11 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
     let mut engine = Engine::new(t.core, Limits::default())?;
     // One process is traced; when it goes, so does gostw.
     engine.core().leave();
-    let deadline = t.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut deadline = t.duration.map(Until::After);
     t.sink.announce = matches!(t.target, Target::Pid(_));
     let mut sinks = (t.sink, t.files);
     loop {
-        let stop = engine.run(&mut t.target, &mut sinks, deadline).await;
+        let stop = engine.run(&mut t.target, &mut sinks, &mut deadline).await;
         if let Some(e) = sinks.0.take_write_error() {
             return Err(e).context("writing the trace");
         }

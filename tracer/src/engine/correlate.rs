@@ -171,6 +171,16 @@ impl Correlator {
         self.pending += 1;
     }
 
+    /// When the oldest held pause is due for release (CLOCK_MONOTONIC ns):
+    /// the event loop wakes for it instead of waiting for its next tick.
+    pub fn next_release_ns(&self) -> Option<u64> {
+        self.processes
+            .values()
+            .filter_map(|st| st.held.front())
+            .map(|h| h.window.end_ns.saturating_add(GRACE_NS + 1))
+            .min()
+    }
+
     /// Release what time has settled (`now_ns`: CLOCK_MONOTONIC, after the
     /// ring buffer was drained).
     pub fn settle(&mut self, now_ns: u64, out: &mut Vec<Observed>) {
@@ -327,6 +337,7 @@ mod tests {
         // Began after: pending until a pause or the horizon decides.
         c.fault(fault(1, 1020 * MS, 1021 * MS), &mut out);
         assert_eq!(c.pending(), 1);
+        assert_eq!(c.next_release_ns(), Some(1010 * MS + GRACE_NS + 1));
         c.settle(1010 * MS + GRACE_NS - 1, &mut out);
         assert!(pauses(&out).is_empty());
         c.settle(1010 * MS + GRACE_NS + 1, &mut out);

@@ -96,10 +96,30 @@ pub fn apply<K: Kernel>(
 }
 
 /// What woke the loop.
+/// Sleep until CLOCK_MONOTONIC `at_ns` (forever for `None`).
+async fn release_at(at_ns: Option<u64>) {
+    match at_ns {
+        Some(at) => {
+            let wait = at.saturating_sub(monotonic_ns());
+            tokio::time::sleep(std::time::Duration::from_nanos(wait)).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
 enum Wake {
     Events,
     Tick,
     Exit,
+}
+
+/// When `Engine::run` stops on its own.
+#[derive(Clone, Copy, Debug)]
+pub enum Until {
+    /// This long after the target is traced.
+    After(Duration),
+    /// At this instant.
+    At(tokio::time::Instant),
 }
 
 /// Why `Engine::run` returned.
@@ -188,7 +208,10 @@ impl Engine {
     }
 
     /// Trace `target` into `sink` until the one traced process exits,
-    /// `deadline` passes, or SIGINT/SIGTERM arrives. May be called again to
+    /// `deadline` passes, or SIGINT/SIGTERM arrives. A deadline given as a
+    /// duration counts from when the target is traced (attaching can take a
+    /// second on a loaded machine) and is rewritten to the instant it
+    /// became, for the next call. May be called again to
     /// go on (e.g. after passing a signal on to a started program).
     /// Returns why it stopped; a single target that cannot be traced is an
     /// error.
@@ -196,7 +219,7 @@ impl Engine {
         &mut self,
         target: &mut Target,
         sink: &mut dyn Sink,
-        deadline: Option<tokio::time::Instant>,
+        deadline: &mut Option<Until>,
     ) -> anyhow::Result<Stop> {
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
@@ -204,8 +227,13 @@ impl Engine {
             return Err(why);
         }
         target.resume()?;
+        let at = deadline.map(|d| match d {
+            Until::After(d) => tokio::time::Instant::now() + d,
+            Until::At(at) => at,
+        });
+        *deadline = at.map(Until::At);
         let sleep = async {
-            match deadline {
+            match at {
                 Some(d) => tokio::time::sleep_until(d).await,
                 None => std::future::pending().await,
             }
@@ -216,12 +244,16 @@ impl Engine {
             if target.finished() {
                 return Ok(Stop::Exited);
             }
+            // A held pause is released when its grace ends, not at the next
+            // read: live lines come ~50 ms after the pause, not up to 70.
+            let release = release_at(self.stream.next_release_ns());
             let wake = tokio::select! {
                 r = self.reader.wait() => {
                     r.context("reading the events ring buffer")?;
                     Wake::Events
                 }
                 _ = tick.tick() => Wake::Tick,
+                () = release => Wake::Events,
                 () = target.exited() => Wake::Exit,
                 () = &mut sleep => return Ok(Stop::Duration),
                 _ = sigint.recv() => return Ok(Stop::Signal(libc::SIGINT)),

@@ -151,6 +151,11 @@ impl Stream {
         self.losses.handled += 1;
     }
 
+    /// When the next held pause is due for release (CLOCK_MONOTONIC ns).
+    pub fn next_release_ns(&self) -> Option<u64> {
+        self.correlator.next_release_ns()
+    }
+
     /// Release what `now_ns` (CLOCK_MONOTONIC) settles.
     pub fn settle(&mut self, now_ns: u64, out: &mut Vec<Observed>) {
         self.correlator.settle(now_ns, out);
