@@ -63,8 +63,8 @@ fn pause_lines_appear_within_100ms_of_the_pause() {
     // A loaded 2-core machine can starve any process for a moment: every
     // line but the slowest 5% within 100 ms. A pause is held for the
     // correlator's grace (50 ms: faults that began inside it and end after
-    // its event) and the reader drains every 20 ms, so the median is at most
-    // about their sum.
+    // its event) and the event loop wakes when that grace ends, so the
+    // median is the grace plus a few ms of scheduling.
     assert!(q(0.95) <= 100.0, "p95 {:.1} ms", q(0.95));
-    assert!(q(0.5) <= 75.0, "median {:.1} ms", q(0.5));
+    assert!(q(0.5) <= 65.0, "median {:.1} ms", q(0.5));
 }
