@@ -220,10 +220,16 @@ fn add_candidate(d: &mut PauseDetail, tid: u32, m: u64, g: u64, tgid: u32, since
         if i >= n {
             break;
         }
-        if d.candidates[i].tid == tid {
+        // An opaque index keeps its bounds check: LLVM otherwise turns the
+        // loop into a pointer walk whose end older verifiers (6.1) cannot
+        // tie to the counter, and reject the program.
+        let Some(c) = d.candidates.get_mut(core::hint::black_box(i)) else {
+            break;
+        };
+        if c.tid == tid {
             // The last goroutine seen on it.
             if g != 0 {
-                d.candidates[i].g = g;
+                c.g = g;
             }
             return;
         }
@@ -231,7 +237,10 @@ fn add_candidate(d: &mut PauseDetail, tid: u32, m: u64, g: u64, tgid: u32, since
     if n >= CANDIDATES {
         return;
     }
-    d.candidates[n] = Candidate { tid, _pad: 0, m, g };
+    let Some(slot) = d.candidates.get_mut(core::hint::black_box(n)) else {
+        return;
+    };
+    *slot = Candidate { tid, _pad: 0, m, g };
     d.ncandidates += 1;
     let t = PauseThread {
         tgid,

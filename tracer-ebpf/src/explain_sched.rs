@@ -267,7 +267,10 @@ fn candidate(d: &PauseDetail, tid: u32) -> Option<(u64, u64)> {
         if i >= d.ncandidates as usize {
             break;
         }
-        let c = &d.candidates[i];
+        // Opaque index: see `explain::add_candidate`.
+        let Some(c) = d.candidates.get(core::hint::black_box(i)) else {
+            break;
+        };
         if c.tid == tid {
             return Some((c.m, c.g));
         }
