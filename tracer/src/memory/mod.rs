@@ -19,6 +19,8 @@
 //! - `classify`: mappings and ranges into classes.
 //! - `cgroup`, `vmstat`: cgroup (v1, v2) and host context.
 //! - `advice`, `render`: findings and the text report.
+//! - `watch`: the exposure of traced processes over a trace, off the
+//!   event loop.
 
 pub mod advice;
 pub mod c_alloc;
@@ -35,6 +37,7 @@ mod read;
 pub mod render;
 pub mod smaps;
 pub mod vmstat;
+pub mod watch;
 
 pub use self::{
     advice::{

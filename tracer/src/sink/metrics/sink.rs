@@ -211,7 +211,8 @@ impl Sink for MetricsSink {
             Observed::ExitStatus { .. }
             | Observed::CpuThrottling { .. }
             | Observed::StackSites { .. }
-            | Observed::Goroutines { .. } => {}
+            | Observed::Goroutines { .. }
+            | Observed::Exposure(_) => {}
         }
     }
 }
