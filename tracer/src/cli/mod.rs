@@ -163,7 +163,7 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
     let deadline = t.duration.map(|d| tokio::time::Instant::now() + d);
     t.sink.announce = matches!(t.target, Target::Pid(_));
     if let Some(every) = t.sink.exposure_every {
-        engine.watch_exposure(every);
+        engine.watch_exposure(every, true);
     }
     let mut sinks = (t.sink, t.files);
     loop {

@@ -177,9 +177,9 @@ impl Engine {
     }
 
     /// Read the traced processes' memory exposure at their start, every
-    /// `every`, and at their end (`Observed::Exposure`).
-    pub fn watch_exposure(&mut self, every: Duration) {
-        self.exposure = Some(ExposureWatch::new(every));
+    /// `every`, and with `at_end` when their trace ends (`Observed::Exposure`).
+    pub fn watch_exposure(&mut self, every: Duration, at_end: bool) {
+        self.exposure = Some(ExposureWatch::new(every, at_end));
     }
 
     /// The core, for what front ends report of it.

@@ -68,7 +68,12 @@ struct Watched {
 /// The exposure of every traced process, read off the event loop.
 pub struct ExposureWatch {
     every: Duration,
+    /// Read a process again when its trace ends (`attach`, `run`; the
+    /// agent's processes end by exiting).
+    at_end: bool,
     processes: HashMap<u32, Watched>,
+    /// The executables already prepared, for their other processes.
+    executables: HashMap<ExeId, Arc<Executable>>,
     host_start: Option<HostSwap>,
     tx: Sender<(ExposureReading, Option<Arc<Executable>>)>,
     rx: Receiver<(ExposureReading, Option<Arc<Executable>>)>,
@@ -76,12 +81,14 @@ pub struct ExposureWatch {
 
 impl ExposureWatch {
     /// A watch that refreshes each process every `every` (zero: read at
-    /// the start and the end only).
-    pub fn new(every: Duration) -> ExposureWatch {
+    /// the start only, and at the end with `at_end`).
+    pub fn new(every: Duration, at_end: bool) -> ExposureWatch {
         let (tx, rx) = channel();
         ExposureWatch {
             every,
+            at_end,
             processes: HashMap::new(),
+            executables: HashMap::new(),
             host_start: None,
             tx,
             rx,
@@ -117,11 +124,12 @@ impl ExposureWatch {
         if self.host_start.is_none() {
             self.host_start = HostSwap::snapshot().ok();
         }
+        let exe = self.executables.get(&image.id).cloned();
         self.processes.insert(
             info.pid,
             Watched {
                 image,
-                exe: None,
+                exe,
                 last: None,
                 in_flight: false,
                 next: Instant::now(),
@@ -137,8 +145,9 @@ impl ExposureWatch {
                 continue;
             };
             w.in_flight = false;
-            if w.exe.is_none() {
-                w.exe = exe;
+            if let (None, Some(exe)) = (&w.exe, exe) {
+                self.executables.insert(w.image.id, exe.clone());
+                w.exe = Some(exe);
             }
             // Until the process runs its executable there is nothing to
             // show: try again soon.
@@ -157,13 +166,20 @@ impl ExposureWatch {
         }
     }
 
-    /// Start a read in its own thread for each process that is due.
+    /// Start a read in a thread of its own for the process most overdue,
+    /// one at a time: reads of many processes (the agent) follow each other
+    /// instead of taking every CPU at once.
     fn refresh(&mut self) {
         let now = Instant::now();
-        for (&pid, w) in &mut self.processes {
-            if w.in_flight || now < w.next {
-                continue;
-            }
+        if self.processes.values().any(|w| w.in_flight) {
+            return;
+        }
+        let due = self
+            .processes
+            .iter_mut()
+            .filter(|(_, w)| w.next <= now)
+            .min_by_key(|(_, w)| w.next);
+        if let Some((&pid, w)) = due {
             w.in_flight = true;
             // Zero: no refresh after the first read (about 30 years on).
             let every = if self.every.is_zero() {
@@ -199,6 +215,12 @@ impl ExposureWatch {
     /// refresh; with the host's swap traffic since the trace began.
     fn ended(&mut self, pid: u32) -> Option<ExposureReading> {
         let w = self.processes.remove(&pid)?;
+        if !self.processes.values().any(|o| o.image.id == w.image.id) {
+            self.executables.remove(&w.image.id);
+        }
+        if !self.at_end {
+            return None;
+        }
         let exe = w.exe.or_else(|| executable(pid, w.image));
         let fresh = exe
             .map(|exe| read(pid, &exe, ReadAt::End))
