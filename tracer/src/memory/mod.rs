@@ -6,14 +6,15 @@
 //!
 //! Wiring: `Exposure::read(pid)` at any time (it only reads /proc), or
 //! `Exposure::read_with(pid, &exe, &options)` with an `Executable` kept per
-//! binary (`Executable::for_image(Arc<ExecutableImage>, pid)`);
+//! binary (`Executable::for_image(Arc<ExecutableImage>)`);
 //! `HostSwap::snapshot()` at trace start and end, `HostSwap::delta(&a, &b)`;
 //! `advice(&exposure, &Evidence { host_swap, pauses, stack_growth,
 //! throttling })`; `MemoryReport` (serde) or `render_text`.
 //!
 //! - `smaps`, `pagemap`: the kernel's per-mapping and per-page figures.
-//! - `executable`, `dwarf`, `mheap`, `procmem`: the runtime's own heap
-//!   index, read from the process's resident memory (never from swap).
+//! - `executable`, `mheap`, `procmem`: the runtime's own heap index (its
+//!   layouts from the binary's DWARF), read from the process's resident
+//!   memory (never from swap).
 //! - `layout`: what the mapping layout alone tells (stripped binaries);
 //!   `c_alloc`: C's allocations in cgo processes, by glibc's headers.
 //! - `classify`: mappings and ranges into classes.
@@ -27,7 +28,6 @@ pub mod c_alloc;
 pub mod cgroup;
 pub mod classes;
 pub mod classify;
-pub mod dwarf;
 pub mod executable;
 pub mod layout;
 pub mod mheap;

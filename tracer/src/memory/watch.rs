@@ -259,7 +259,7 @@ fn executable(pid: u32, image: Arc<ExecutableImage>) -> Option<Arc<Executable>> 
     if id != image.id {
         return None;
     }
-    Executable::for_image(image, pid).ok().map(Arc::new)
+    Some(Arc::new(Executable::for_image(image)))
 }
 
 fn read(pid: u32, exe: &Executable, at: ReadAt) -> ExposureReading {

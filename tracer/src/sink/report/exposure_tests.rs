@@ -1,6 +1,6 @@
 //! The summary's exposure section and advice, fed through the report sink.
 
-use std::{cell::RefCell, io::Write, rc::Rc, sync::Arc};
+use std::sync::Arc;
 
 use super::*;
 use crate::{
@@ -12,22 +12,10 @@ use crate::{
     memory::{AdviceKind, HostSwap, advice::tests::exposure},
     sink::{
         Sink as _,
-        report::{Output, ReportSink, View},
+        report::{Output, ReportSink, View, tests::Buf},
     },
     targets::{cpu_throttle::ThrottleCounts, labels::ProcessLabels},
 };
-
-#[derive(Clone, Default)]
-struct Buf(Rc<RefCell<Vec<u8>>>);
-impl Write for Buf {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.borrow_mut().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 fn sink(json: bool) -> (ReportSink, Buf) {
     let buf = Buf::default();
