@@ -161,7 +161,10 @@ impl ExposureWatch {
                 ReadAt::Start
             };
             w.started = true;
-            w.last = Some(r.clone());
+            // A failed read (the process exiting) does not replace a good one.
+            if r.exposure.is_ok() || w.last.is_none() {
+                w.last = Some(r.clone());
+            }
             out.push(exposure(r));
         }
     }
@@ -227,11 +230,11 @@ impl ExposureWatch {
             .filter(|r| r.exposure.is_ok());
         let mut r = match (fresh, w.last) {
             (Some(r), _) => r,
-            (None, Some(mut last)) => {
+            (None, Some(mut last)) if last.exposure.is_ok() => {
                 last.at = ReadAt::LastBeforeExit;
                 last
             }
-            (None, None) => ExposureReading {
+            (None, _) => ExposureReading {
                 pid,
                 at: ReadAt::LastBeforeExit,
                 exposure: Err(format!(
