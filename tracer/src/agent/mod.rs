@@ -62,6 +62,10 @@ pub struct Args {
     /// its own latency to it (README, "Stopping phase").
     #[arg(long)]
     pub stopping: bool,
+    /// How often each traced process's memory exposure is read for
+    /// gostw_process_memory_bytes (first at once; 0: never). E.g. 60s, 5m.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::units::parse_duration)]
+    pub exposure_every: Duration,
 }
 
 fn parse_regex(s: &str) -> Result<Regex, String> {
@@ -109,6 +113,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ..Limits::default()
     };
     let mut engine = Engine::new(core_options(args.stopping), limits)?;
+    if !args.exposure_every.is_zero() {
+        engine.watch_exposure(args.exposure_every, false);
+    }
     let metrics = Arc::new(Metrics::new());
     // Until a process is traced no fault backend is attached.
     metrics.fault_backend("none");

@@ -1,5 +1,7 @@
-//! Runtime struct offsets from DWARF: the member offsets of `runtime.g`,
-//! `runtime.m`, `runtime.gobuf` and `runtime.stack` in `.debug_info`.
+//! Runtime struct layouts from DWARF: the member offsets of `runtime.g`,
+//! `runtime.m`, `runtime.gobuf` and `runtime.stack` in `.debug_info`, and
+//! the size and members of any runtime struct asked for (the heap's, for
+//! `memory`). The one DWARF reader.
 //!
 //! Go compresses `.debug_info` with zlib, and a large binary's is hundreds
 //! of MB once inflated: it is inflated one compilation unit at a time, each
@@ -20,8 +22,31 @@ use super::{
 /// The structs whose members gostw needs.
 const WANTED: &[&str] = &["runtime.g", "runtime.m", "runtime.gobuf", "runtime.stack"];
 
+/// One struct's size and member offsets, from DWARF.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StructLayout {
+    pub size: Option<u64>,
+    /// Member name -> byte offset.
+    pub members: BTreeMap<String, u64>,
+}
+
 /// Member offsets of the wanted structs, or `None` without usable DWARF.
 pub(crate) fn struct_layouts(image: &Image) -> Option<StructLayouts> {
+    let found = structs(image, WANTED)?;
+    let out: StructLayouts = found
+        .into_iter()
+        .filter(|(_, l)| !l.members.is_empty())
+        .map(|(name, l)| (name, l.members))
+        .collect();
+    (!out.is_empty()).then_some(out)
+}
+
+/// The size and members of each struct of `wanted` that `image`'s DWARF
+/// describes, or `None` without usable DWARF.
+pub(crate) fn structs(
+    image: &Image,
+    wanted: &[&'static str],
+) -> Option<BTreeMap<&'static str, StructLayout>> {
     let info = image
         .section(".debug_info")
         .or(image.section(".zdebug_info"))?;
@@ -33,14 +58,20 @@ pub(crate) fn struct_layouts(image: &Image) -> Option<StructLayouts> {
         abbrev: DebugAbbrev::new(&abbrev, LittleEndian),
         strings: DebugStr::new(&strings, LittleEndian),
     };
-    let mut out: StructLayouts = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    let complete = |out: &BTreeMap<&'static str, StructLayout>| {
+        wanted
+            .iter()
+            .all(|w| out.get(w).is_some_and(|l| !l.members.is_empty()))
+    };
     while let Some(unit_bytes) = units.next_unit() {
         read_units(
             &sections,
             DebugInfo::new(unit_bytes, LittleEndian),
+            wanted,
             &mut out,
         );
-        if WANTED.iter().all(|w| out.contains_key(w)) {
+        if complete(&out) {
             break;
         }
     }
@@ -69,8 +100,14 @@ impl<'a> Sections<'a> {
     }
 }
 
-/// Add the members of the wanted structs in `info`'s units to `out`.
-fn read_units<'a>(dwarf: &Sections<'a>, info: DebugInfo<Slice<'a>>, out: &mut StructLayouts) {
+/// Add the sizes and members of the `wanted` structs in `info`'s units to
+/// `out` (the first definition with members of each).
+fn read_units<'a>(
+    dwarf: &Sections<'a>,
+    info: DebugInfo<Slice<'a>>,
+    wanted: &[&'static str],
+    out: &mut BTreeMap<&'static str, StructLayout>,
+) {
     let mut units = info.units();
     while let Ok(Some(header)) = units.next() {
         let Ok(abbrevs) = header.abbreviations(&dwarf.abbrev) else {
@@ -91,7 +128,7 @@ fn read_units<'a>(dwarf: &Sections<'a>, info: DebugInfo<Slice<'a>>, out: &mut St
                         .attr_value(gimli::DW_AT_data_member_location)
                         .and_then(|v| v.udata_value());
                     if let (Some(member), Some(offset)) = (member, offset) {
-                        out.entry(name).or_default().insert(member, offset);
+                        out.entry(name).or_default().members.insert(member, offset);
                     }
                     continue;
                 }
@@ -103,15 +140,28 @@ fn read_units<'a>(dwarf: &Sections<'a>, info: DebugInfo<Slice<'a>>, out: &mut St
                 let name = entry
                     .attr_value(gimli::DW_AT_name)
                     .and_then(|v| dwarf.string(v));
-                if let Some(&wanted) =
-                    name.and_then(|n| WANTED.iter().find(|w| w.as_bytes() == n.slice()))
-                    && !out.contains_key(wanted)
+                if let Some(&found) =
+                    name.and_then(|n| wanted.iter().find(|w| w.as_bytes() == n.slice()))
+                    && out.get(found).is_none_or(|l| l.members.is_empty())
                 {
-                    current = Some((wanted, depth + 1));
+                    let size = entry
+                        .attr_value(gimli::DW_AT_byte_size)
+                        .and_then(|v| v.udata_value());
+                    out.insert(
+                        found,
+                        StructLayout {
+                            size,
+                            members: BTreeMap::new(),
+                        },
+                    );
+                    current = Some((found, depth + 1));
                 }
             }
         }
-        if WANTED.iter().all(|w| out.contains_key(w)) {
+        if wanted
+            .iter()
+            .all(|w| out.get(w).is_some_and(|l| !l.members.is_empty()))
+        {
             break;
         }
     }

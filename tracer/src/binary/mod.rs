@@ -47,6 +47,7 @@ use std::{
 pub use allglen::{Allglen, AllglenSource};
 pub use buildinfo::GoVersion;
 pub use buildversion::VersionSource;
+pub use dwarf::StructLayout;
 pub(crate) use image::Image;
 pub use image::Segment;
 pub(crate) use mapped::FileBytes;
@@ -259,6 +260,18 @@ impl GoBinary {
             .map(|s| s.vaddr)
             .min()
             .unwrap_or(0)
+    }
+
+    /// The size and members of each of the runtime structs `names` that the
+    /// binary's DWARF describes (`None` without DWARF), read from the mapped
+    /// file and its pages released after.
+    pub fn dwarf_structs(
+        &self,
+        names: &[&'static str],
+    ) -> Option<std::collections::BTreeMap<&'static str, StructLayout>> {
+        let found = dwarf::structs(&self.image, names);
+        self.image.release_all();
+        found
     }
 
     /// The loadable (`PT_LOAD`) segments.

@@ -22,9 +22,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     let target = Target::pid(args.pid)?;
     let core = args.trace.core();
     let files = Outputs::new(&args.trace.files, Profiles::Traced, &core)?;
+    let mut sink = report(View::Trace, args.trace.output()?, &core);
+    sink.exposure_every = Some(args.trace.exposure_every);
     trace(Trace {
         target,
-        sink: report(View::Trace, args.trace.output()?, &core),
+        sink,
         files,
         core,
         duration: args.trace.duration,

@@ -56,6 +56,10 @@ pub struct TraceOptions {
     /// Do not explain pauses (the goroutine stack that asked for each stop).
     #[arg(long)]
     pub no_explain: bool,
+    /// Read the process's memory exposure this often, besides at the start
+    /// and end of the trace (0: only then); README, "Memory and swap exposure".
+    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    pub exposure_every: Duration,
 }
 
 /// `--stacks`.
@@ -158,6 +162,9 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
     engine.core().leave();
     let mut deadline = t.duration.map(Until::After);
     t.sink.announce = matches!(t.target, Target::Pid(_));
+    if let Some(every) = t.sink.exposure_every {
+        engine.watch_exposure(every, true);
+    }
     let mut sinks = (t.sink, t.files);
     loop {
         let stop = engine.run(&mut t.target, &mut sinks, &mut deadline).await;

@@ -26,9 +26,11 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     let files = Outputs::new(&args.trace.files, Profiles::Traced, &core)?;
     // Files first: a bad path fails before a program starts.
     let target = target_of(None, &args.command)?;
+    let mut sink = report(View::Trace, output, &core);
+    sink.exposure_every = Some(args.trace.exposure_every);
     trace(Trace {
         target,
-        sink: report(View::Trace, output, &core),
+        sink,
         files,
         core,
         duration: args.trace.duration,

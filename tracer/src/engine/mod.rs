@@ -39,6 +39,7 @@ use self::{
 use crate::{
     image::ProcessImage,
     kernel::{Core, CoreOptions},
+    memory::watch::ExposureWatch,
     sink::Sink,
     stackgrowth::goroutines::GoroutineWatch,
     targets::{
@@ -149,6 +150,8 @@ pub struct Engine {
     /// Pauses are explained: report CPU cgroup throttling too.
     explain: bool,
     throttle: ThrottleWatch,
+    /// The traced processes' memory exposure (`attach`, `run`).
+    exposure: Option<ExposureWatch>,
     out: Vec<Observed>,
 }
 
@@ -188,8 +191,15 @@ impl Engine {
             stacks: opts.stacks.is_some(),
             explain: opts.explain,
             throttle: ThrottleWatch::default(),
+            exposure: None,
             out: Vec::new(),
         })
+    }
+
+    /// Read the traced processes' memory exposure at their start, every
+    /// `every`, and with `at_end` when their trace ends (`Observed::Exposure`).
+    pub fn watch_exposure(&mut self, every: Duration, at_end: bool) {
+        self.exposure = Some(ExposureWatch::new(every, at_end));
     }
 
     /// The core, for what front ends report of it.
@@ -467,6 +477,9 @@ impl Engine {
     fn deliver(&mut self, sink: &mut dyn Sink) {
         if self.explain {
             self.throttle.annotate(&mut self.out);
+        }
+        if let Some(w) = &mut self.exposure {
+            w.annotate(&mut self.out);
         }
         sink.observe_all(&self.out);
         self.out.clear();

@@ -165,6 +165,10 @@ pub enum Observed {
         pid: u32,
         throttling: crate::targets::cpu_throttle::CpuThrottling,
     },
+    /// A traced process's memory and swap exposure was read (`attach`,
+    /// `run`): at its start, on each refresh, and at its end (sent just
+    /// before its `Exited`).
+    Exposure(Arc<crate::memory::watch::ExposureReading>),
     /// A process's peak goroutine count rose (`runtime.allglen`).
     Goroutines { pid: u32, peak: u64 },
     /// The kernel-side health counters, cumulative.

@@ -28,6 +28,9 @@ pub const PAUSE_FAULT_SHARE_MIN: f64 = 0.10;
 pub const PAUSE_FAULT_MIN_NS: u64 = 1_000_000;
 /// Throttling advice: at least this share of CFS periods throttled...
 pub const THROTTLED_PERIODS_SHARE_MIN: f64 = 0.05;
+/// With the periods unknown: throttled time at least this share of the
+/// traced time...
+pub const THROTTLED_TIME_SHARE_MIN: f64 = 0.05;
 /// ...or at least this much throttled time inside pauses.
 pub const THROTTLED_IN_PAUSES_MIN_NS: u64 = 1_000_000;
 
@@ -101,6 +104,7 @@ pub struct StackGrowthEvidence {
 /// CPU throttling (CFS quota) over a trace.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct ThrottlingEvidence {
+    /// CFS periods (0: not known; then `traced_ns` is the measure).
     pub periods: u64,
     pub throttled_periods: u64,
     pub throttled_ns: u64,
@@ -110,6 +114,9 @@ pub struct ThrottlingEvidence {
     /// The quota in CPUs, and the process's GOMAXPROCS, when known.
     pub quota_cpus: Option<f64>,
     pub gomaxprocs: Option<u64>,
+    /// How long the process was traced (for throttled time as a share of it
+    /// when the periods are not known).
+    pub traced_ns: Option<u64>,
 }
 
 /// Everything measured besides the exposure itself; absent parts give no advice.
@@ -330,18 +337,33 @@ fn pause_faults(e: &Exposure, p: &PauseEvidence) -> Option<Advice> {
 }
 
 fn throttling(t: &ThrottlingEvidence) -> Option<Advice> {
-    let share = t.throttled_periods as f64 / t.periods.max(1) as f64;
     let in_pauses = t.throttled_ns_in_pauses.unwrap_or(0);
-    if share < THROTTLED_PERIODS_SHARE_MIN && in_pauses < THROTTLED_IN_PAUSES_MIN_NS {
+    let (share, min, mut evidence) = if t.periods > 0 {
+        let share = t.throttled_periods as f64 / t.periods as f64;
+        let text = format!(
+            "{} of {} CFS periods throttled ({}), {} throttled in all",
+            t.throttled_periods,
+            t.periods,
+            pct(share),
+            ms(t.throttled_ns)
+        );
+        (share, THROTTLED_PERIODS_SHARE_MIN, text)
+    } else {
+        let traced = t.traced_ns.unwrap_or(0);
+        let share = t.throttled_ns as f64 / traced.max(1) as f64;
+        let text = format!(
+            "{} CFS periods throttled, {} throttled in {} traced ({})",
+            t.throttled_periods,
+            ms(t.throttled_ns),
+            ms(traced),
+            pct(share)
+        );
+        let share = if traced == 0 { 0.0 } else { share };
+        (share, THROTTLED_TIME_SHARE_MIN, text)
+    };
+    if share < min && in_pauses < THROTTLED_IN_PAUSES_MIN_NS {
         return None;
     }
-    let mut evidence = format!(
-        "{} of {} CFS periods throttled ({}), {} throttled in all",
-        t.throttled_periods,
-        t.periods,
-        pct(share),
-        ms(t.throttled_ns)
-    );
     if let (Some(n), Some(ns)) = (t.pauses_throttled, t.throttled_ns_in_pauses) {
         evidence += &format!("; {n} pauses throttled, {} inside them", ms(ns));
     }
@@ -424,4 +446,4 @@ fn stack_growth(s: &StackGrowthEvidence) -> Option<Advice> {
 
 #[cfg(test)]
 #[path = "advice_tests.rs"]
-mod tests;
+pub(crate) mod tests;

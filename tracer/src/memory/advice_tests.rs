@@ -18,7 +18,12 @@ fn usage(resident: u64, swapped: u64) -> Usage {
     }
 }
 
-fn exposure(meta_swapped: u64, heap_swapped: u64, cgroup: Option<CgroupMemory>) -> Exposure {
+/// An exposure with these swapped bytes (for the sinks' tests too).
+pub(crate) fn exposure(
+    meta_swapped: u64,
+    heap_swapped: u64,
+    cgroup: Option<CgroupMemory>,
+) -> Exposure {
     let class = |class, u| ClassUsage {
         class,
         source: Source::ArenaIndex,
@@ -351,6 +356,7 @@ fn throttling_when_present() {
         throttled_ns_in_pauses: Some(30_000_000),
         quota_cpus: Some(1.5),
         gomaxprocs: Some(8),
+        traced_ns: None,
     };
     let a = advice(
         &e,
@@ -379,4 +385,38 @@ fn throttling_when_present() {
         ..Evidence::default()
     };
     assert_eq!(advice(&e, &ev), vec![]);
+}
+
+#[test]
+fn throttling_without_periods_is_a_share_of_the_traced_time() {
+    let e = exposure(0, 0, None);
+    let t = ThrottlingEvidence {
+        throttled_periods: 40,
+        throttled_ns: 600_000_000,
+        traced_ns: Some(10_000_000_000),
+        ..ThrottlingEvidence::default()
+    };
+    let ev = |t| Evidence {
+        throttling: Some(t),
+        ..Evidence::default()
+    };
+    let a = advice(&e, &ev(t));
+    assert_eq!(a.len(), 1);
+    assert!(
+        a[0].evidence
+            .contains("40 CFS periods throttled, 600.0 ms throttled in 10000.0 ms traced (6.0%)"),
+        "{}",
+        a[0].evidence
+    );
+    let calm = ThrottlingEvidence {
+        throttled_ns: 400_000_000,
+        ..t
+    };
+    assert_eq!(advice(&e, &ev(calm)), vec![]);
+    // Without a traced time there is no share to judge.
+    let unknown = ThrottlingEvidence {
+        traced_ns: None,
+        ..t
+    };
+    assert_eq!(advice(&e, &ev(unknown)), vec![]);
 }

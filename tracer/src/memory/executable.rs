@@ -6,9 +6,9 @@
 
 use std::{cell::Cell, path::Path, sync::Arc};
 
-use super::{MemoryError, PlainSummary, dwarf, smaps};
+use super::{MemoryError, PlainSummary, mheap, smaps};
 use crate::{
-    binary::{BinaryError, GoBinary, running},
+    binary::{BinaryError, FileBytes, GoBinary, running},
     image::{ExeId, ExecutableImage},
 };
 
@@ -17,30 +17,25 @@ pub struct Executable {
     pub image: Arc<ExecutableImage>,
     /// `runtime.mheap`, `runtime.heapArena`, `runtime.mspan` from DWARF;
     /// `None` without DWARF (`-w`, `-s -w`).
-    pub heap_layouts: Option<dwarf::Layouts>,
+    pub heap_layouts: Option<mheap::Layouts>,
 }
 
 impl Executable {
-    /// The executable of process `pid`, through the image cache. A process
-    /// that is not Go gets `MemoryError::NotGo`, with what its smaps alone
-    /// tells.
+    /// The executable of process `pid`, through the image cache (the file
+    /// mapped, not read). A process that is not Go gets
+    /// `MemoryError::NotGo`, with what its smaps alone tells.
     pub fn of_process(pid: u32) -> Result<Executable, MemoryError> {
         // No executable: gone, a zombie or a kernel thread, which says which.
         let exe = running::process_exe(pid).map_err(|_| MemoryError::no_memory(pid))?;
         let path = format!("/proc/{pid}/exe");
         let id = ExeId::of(Path::new(&path)).map_err(|_| MemoryError::no_memory(pid))?;
         let not_go = Cell::new(false);
-        let mut heap_layouts = None;
-        let mut read_here = false;
         let image = ExecutableImage::cached(id, || {
-            let data = std::fs::read(&path).map_err(|e| BinaryError::Process {
+            let data = FileBytes::map(Path::new(&path)).map_err(|e| BinaryError::Process {
                 pid,
                 reason: format!("cannot read its executable: {e}"),
             })?;
-            // Before the analysis takes the bytes; cheap where there is no DWARF.
-            heap_layouts = dwarf::heap_layouts(&data);
-            read_here = true;
-            GoBinary::from_bytes(&exe.host_path, data).inspect_err(|e| {
+            GoBinary::from_file(&exe.host_path, data).inspect_err(|e| {
                 not_go.set(matches!(
                     e,
                     BinaryError::NotGo { .. } | BinaryError::NotElf { .. }
@@ -48,11 +43,7 @@ impl Executable {
             })
         });
         match image {
-            Ok(image) if read_here => Ok(Executable {
-                image,
-                heap_layouts,
-            }),
-            Ok(image) => Executable::for_image(image, pid),
+            Ok(image) => Ok(Executable::for_image(image)),
             Err(_) if not_go.get() => Err(MemoryError::NotGo {
                 pid,
                 exe: exe.exe.display().to_string(),
@@ -62,20 +53,14 @@ impl Executable {
         }
     }
 
-    /// An executable the image service already analysed; its DWARF is read
-    /// from `/proc/PID/exe` of a process running it, when it has some.
-    pub fn for_image(image: Arc<ExecutableImage>, pid: u32) -> Result<Executable, MemoryError> {
-        let heap_layouts = if image.binary.has_dwarf {
-            let data = std::fs::read(format!("/proc/{pid}/exe"))
-                .map_err(|e| MemoryError::from_io(pid, "its executable", e))?;
-            dwarf::heap_layouts(&data)
-        } else {
-            None
-        };
-        Ok(Executable {
+    /// An executable the image service already analysed; the heap structs'
+    /// layouts come from its DWARF, read from the file it maps.
+    pub fn for_image(image: Arc<ExecutableImage>) -> Executable {
+        let heap_layouts = mheap::heap_layouts(&image.binary);
+        Executable {
             image,
             heap_layouts,
-        })
+        }
     }
 
     /// The analysed binary.

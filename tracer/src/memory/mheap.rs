@@ -6,12 +6,29 @@
 //! metadata (span map, page bitmaps, and before Go 1.22 the heap bitmap),
 //! and every span structure (`mheap_.allspans`).
 
-use std::ops::Range;
+use std::{collections::BTreeMap, ops::Range};
 
-use super::{
-    dwarf::{HEAP_ARENA, Layouts, MHEAP, MSPAN},
-    procmem::{ProcessMemory, Unread},
-};
+use super::procmem::{ProcessMemory, Unread};
+use crate::binary::{GoBinary, StructLayout};
+
+/// The runtime structs that describe the heap, read from DWARF (only where
+/// the binary keeps it, not `-w`): they change between releases and have no
+/// runtime type descriptor.
+pub const MHEAP: &str = "runtime.mheap";
+pub const HEAP_ARENA: &str = "runtime.heapArena";
+pub const MSPAN: &str = "runtime.mspan";
+
+/// The heap structs found, by name.
+pub type Layouts = BTreeMap<&'static str, StructLayout>;
+
+/// The heap structs' layouts from `bin`'s DWARF (the one DWARF reader,
+/// over the mapped file), `None` without DWARF.
+pub fn heap_layouts(bin: &GoBinary) -> Option<Layouts> {
+    if !bin.has_dwarf {
+        return None;
+    }
+    bin.dwarf_structs(&[MHEAP, HEAP_ARENA, MSPAN])
+}
 
 /// Bytes of one heap arena on 64-bit Linux (`heapArenaBytes`).
 pub const HEAP_ARENA_BYTES: u64 = 64 << 20;

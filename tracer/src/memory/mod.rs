@@ -6,26 +6,28 @@
 //!
 //! Wiring: `Exposure::read(pid)` at any time (it only reads /proc), or
 //! `Exposure::read_with(pid, &exe, &options)` with an `Executable` kept per
-//! binary (`Executable::for_image(Arc<ExecutableImage>, pid)`);
+//! binary (`Executable::for_image(Arc<ExecutableImage>)`);
 //! `HostSwap::snapshot()` at trace start and end, `HostSwap::delta(&a, &b)`;
 //! `advice(&exposure, &Evidence { host_swap, pauses, stack_growth,
 //! throttling })`; `MemoryReport` (serde) or `render_text`.
 //!
 //! - `smaps`, `pagemap`: the kernel's per-mapping and per-page figures.
-//! - `executable`, `dwarf`, `mheap`, `procmem`: the runtime's own heap
-//!   index, read from the process's resident memory (never from swap).
+//! - `executable`, `mheap`, `procmem`: the runtime's own heap index (its
+//!   layouts from the binary's DWARF), read from the process's resident
+//!   memory (never from swap).
 //! - `layout`: what the mapping layout alone tells (stripped binaries);
 //!   `c_alloc`: C's allocations in cgo processes, by glibc's headers.
 //! - `classify`: mappings and ranges into classes.
 //! - `cgroup`, `vmstat`: cgroup (v1, v2) and host context.
 //! - `advice`, `render`: findings and the text report.
+//! - `watch`: the exposure of traced processes over a trace, off the
+//!   event loop.
 
 pub mod advice;
 pub mod c_alloc;
 pub mod cgroup;
 pub mod classes;
 pub mod classify;
-pub mod dwarf;
 pub mod executable;
 pub mod layout;
 pub mod mheap;
@@ -35,6 +37,7 @@ mod read;
 pub mod render;
 pub mod smaps;
 pub mod vmstat;
+pub mod watch;
 
 pub use self::{
     advice::{

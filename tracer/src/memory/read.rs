@@ -8,7 +8,6 @@ use super::{
     ArenaSummary, Exposure, HostMemory, MemoryError, MetadataReads, c_alloc,
     classes::{MemoryClass, Source, Usage},
     classify::{self, Context},
-    dwarf,
     executable::Executable,
     layout,
     mheap::{self, HEAP_ARENA_BYTES, RuntimeHeap},
@@ -181,7 +180,7 @@ pub(super) fn read(
 /// The runtime's heap index, where symbols, DWARF and the process allow.
 fn runtime_heap(
     bin: &GoBinary,
-    layouts: Option<&dwarf::Layouts>,
+    layouts: Option<&mheap::Layouts>,
     bias: u64,
     mem: Option<&ProcessMemory>,
     page: u64,

@@ -20,7 +20,7 @@ use tracer::{
 use crate::{
     faults::{ARGS, ENV, ROUNDS, majflt_agrees},
     scenario::{GcSwap, MemCgroup, SwapFile, majflt, swap_out},
-    support::{build_workload, go_matrix, newest_go, require_root},
+    support::{GoToolchain, build_workload, go_matrix, newest_go, require_root},
 };
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
@@ -366,6 +366,7 @@ fn agent_exports_go_processes_to_prometheus() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    check_memory_series(&body, &newest, new_pid);
 
     // The newest Go's process exits: its series go stale, the gauge drops.
     procs.kill(new_pid);
@@ -1017,5 +1018,46 @@ fn a_quiet_agent_runs_nothing_on_fault_or_scheduler_paths() {
         0,
         "an idle agent ran programs on the fault or scheduler paths; agent log:\n{}",
         fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
+/// The exposure series of the newest Go's process (its label set holds it
+/// alone): every class and state, and the resident classes adding up to its resident set within a factor of
+/// two (the workload allocates between the read and now).
+fn check_memory_series(body: &str, go: &GoToolchain, pid: u32) {
+    let prefix = format!(
+        r#"gostw_process_memory_bytes{{executable="stw",go_version="go{}","#,
+        go.version
+    );
+    let series: Vec<(&str, u64)> = body
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .map(|l| {
+            let (key, v) = l.rsplit_once(' ').unwrap();
+            (key, v.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(series.len(), 8, "{series:?}\n{body}");
+    let resident: u64 = series
+        .iter()
+        .filter(|(k, _)| k.contains(r#"state="resident""#))
+        .map(|(_, v)| v)
+        .sum();
+    let heap = series
+        .iter()
+        .find(|(k, _)| k.contains(r#"class="heap_arenas",state="resident""#))
+        .unwrap()
+        .1;
+    assert!(heap > 0, "{series:?}");
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    let rss = rss_kb * 1024;
+    assert!(
+        resident * 2 >= rss && resident <= rss * 2,
+        "resident classes {resident} vs VmRSS {rss}: {series:?}"
     );
 }

@@ -16,6 +16,7 @@ mod formats;
 mod laggards;
 mod live_lines;
 mod memory;
+mod memory_trace;
 mod outputs;
 mod pageout_breakdown;
 mod pauses;

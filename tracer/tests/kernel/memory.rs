@@ -45,7 +45,7 @@ use crate::{
 };
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
-const ARGS: &[&str] = &["-live-mb", "64", "-goroutines", "4000", "-walkers", "0"];
+pub(crate) const ARGS: &[&str] = &["-live-mb", "64", "-goroutines", "4000", "-walkers", "0"];
 /// The scenario cgroup's limit: far above the workload, so nothing but
 /// the page-out puts it in swap.
 const LIMIT: u64 = 1 << 30;
@@ -55,7 +55,7 @@ const ARENA_INDEX_BYTES: u64 = ARENA_L2_ENTRIES * 8;
 /// Runtime mappings outside its statistics besides the arena index.
 const UNCOUNTED_SLACK: u64 = 128 << 10;
 
-fn gostw(args: &[&str]) -> Output {
+pub(crate) fn gostw(args: &[&str]) -> Output {
     Command::new(GOSTW)
         .args(args)
         .output()
@@ -72,13 +72,13 @@ fn gostw_memory(pid: u32, json: bool) -> Output {
     gostw(&args)
 }
 
-fn signal(pid: u32, sig: libc::c_int) {
+pub(crate) fn signal(pid: u32, sig: libc::c_int) {
     // SAFETY: kill(2) of a process this test started.
     assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
 }
 
 /// SIGSTOP `pid` and wait until every thread has stopped.
-fn freeze(pid: u32) {
+pub(crate) fn freeze(pid: u32) {
     signal(pid, libc::SIGSTOP);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -100,7 +100,7 @@ fn freeze(pid: u32) {
 
 /// The kernel's own total of `Swap:` lines for `pid`, in bytes: of every
 /// mapping, or of the mappings inside `within`.
-fn smaps_swap(pid: u32, within: Option<&[(u64, u64)]>) -> u64 {
+pub(crate) fn smaps_swap(pid: u32, within: Option<&[(u64, u64)]>) -> u64 {
     let text = fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
     let mut inside = true;
     let mut total = 0;
@@ -128,7 +128,7 @@ fn class<'a>(report: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no class {name}: {report}"))
 }
 
-fn n(v: &Value, key: &str) -> u64 {
+pub(crate) fn n(v: &Value, key: &str) -> u64 {
     v[key]
         .as_u64()
         .unwrap_or_else(|| panic!("{key} missing in {v}"))
@@ -588,7 +588,7 @@ fn heap_only_pageout_is_all_heap_and_gives_no_metadata_advice() {
 }
 
 /// The pause evidence of `gostw attach --json` pause records of `pid`.
-fn pause_evidence(stdout: &[u8], pid: u32) -> PauseEvidence {
+pub(crate) fn pause_evidence(stdout: &[u8], pid: u32) -> PauseEvidence {
     let mut p = PauseEvidence {
         swap_in_faults_in_pauses: Some(0),
         file_faults_in_pauses: Some(0),
@@ -690,7 +690,7 @@ fn a_traced_pageout_gives_metadata_and_pause_advice() {
     assert!(pauses.pauses_with_faults >= 3, "{pauses:?}");
 }
 
-fn assert_fails(args: &[&str], wanted: &[&str]) {
+pub(crate) fn assert_fails(args: &[&str], wanted: &[&str]) {
     let out = gostw(args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "gostw {args:?} succeeded: {stderr}");

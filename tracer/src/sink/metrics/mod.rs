@@ -17,6 +17,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
+pub mod exposure;
 pub mod observe;
 mod sink;
 
@@ -133,6 +134,7 @@ pub struct Metrics {
     pub last_poll_unix_seconds: Gauge<f64, AtomicU64>,
     pub build_info: Family<Vec<(&'static str, &'static str)>, Gauge<i64, AtomicI64>>,
     fault_backend: Family<Vec<(&'static str, &'static str)>, Gauge<i64, AtomicI64>>,
+    pub exposure: exposure::ExposureMetrics,
 }
 
 impl Default for Metrics {
@@ -170,6 +172,7 @@ impl Metrics {
             last_poll_unix_seconds: Gauge::default(),
             build_info: Family::default(),
             fault_backend: Family::default(),
+            exposure: Default::default(),
             registry: Registry::default(),
         };
         r.register_with_unit(
@@ -312,6 +315,7 @@ impl Metrics {
         for stage in EVENT_LOSS_STAGES {
             let _ = m.events_lost.get_or_create(&StageLabel { stage });
         }
+        m.exposure.register(&mut r);
         Metrics { registry: r, ..m }
     }
 

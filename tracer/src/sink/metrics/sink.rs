@@ -94,6 +94,7 @@ impl Sink for MetricsSink {
                 pid,
                 last_of_labels,
             } => {
+                m.exposure.exited(*pid);
                 if let Some(l) = self.labels.remove(pid) {
                     m.process_exited(&l);
                     if *last_of_labels {
@@ -212,6 +213,11 @@ impl Sink for MetricsSink {
             | Observed::CpuThrottling { .. }
             | Observed::StackSites { .. }
             | Observed::Goroutines { .. } => {}
+            Observed::Exposure(r) => {
+                if let Some(l) = self.labels.get(&r.pid) {
+                    m.exposure.reading(l, r);
+                }
+            }
         }
     }
 }

@@ -5,7 +5,9 @@
 //!
 //! - `pauses`: per reason statistics; `faults`: the fault summary.
 //! - `text`, `faults_text`: the text forms.
+//! - `exposure`: the memory exposure section and advice.
 
+pub mod exposure;
 pub mod faults;
 pub mod faults_text;
 pub mod pauses;
@@ -22,6 +24,7 @@ use tracer_common::counters::Counter;
 
 pub use self::text::{pause_line, summary_text};
 use self::{
+    exposure::{ExposureReport, ExposureSection},
     faults::{FaultReport, FaultSummary},
     pauses::{CallerCount, PauseStats, ProcessPauses, TOP_CALLERS},
 };
@@ -138,6 +141,12 @@ pub struct Summary {
     /// Goroutine stack growth of the traced process (when traced).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stack_growth: Option<StackGrowthSummary>,
+    /// The traced process's memory exposure (`attach`, `run`: when read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exposure: Option<ExposureSection>,
+    /// Advice from the exposure and what the trace measured (with `exposure`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advice: Option<Vec<crate::memory::Advice>>,
     pub lost: Lost,
 }
 
@@ -219,8 +228,12 @@ pub struct ReportSink {
     pub goroutines: Option<u64>,
     /// Say on standard error when a process is traced (`attach`).
     pub announce: bool,
+    /// Read the traced process's memory exposure this often, besides at its
+    /// start and end (`attach`, `run`; zero: only then).
+    pub exposure_every: Option<std::time::Duration>,
     processes: Vec<(Arc<ProcessInfo>, Option<i32>)>,
     throttling: HashMap<u32, CpuThrottling>,
+    exposure: ExposureReport,
     counters: Vec<(Counter, u64)>,
     losses: Losses,
     correlator: CorrelatorStats,
@@ -239,8 +252,10 @@ impl ReportSink {
             stacks: HashMap::new(),
             goroutines: None,
             announce: false,
+            exposure_every: None,
             processes: Vec::new(),
             throttling: HashMap::new(),
+            exposure: ExposureReport::default(),
             counters: Vec::new(),
             losses: Losses::default(),
             correlator: CorrelatorStats::default(),
@@ -313,12 +328,25 @@ impl ReportSink {
             })
             .collect();
         let kernel: BTreeMap<_, _> = self.counters.iter().map(|&(c, n)| (c.name(), n)).collect();
+        let stack_growth = self.stack_summary();
+        let first = self.processes.first().map(|(i, _)| i.pid);
+        let exposure = first.and_then(|pid| self.exposure.section(pid));
+        let advice = exposure.as_ref().map(|e| {
+            self.exposure.advice(
+                e.pid,
+                stack_growth.as_ref(),
+                self.throttling.get(&e.pid),
+                elapsed_ns,
+            )
+        });
         Summary {
             kind: "summary",
             elapsed_ns,
             processes,
             faults: self.faults.as_ref().map(FaultReport::summary),
-            stack_growth: self.stack_summary(),
+            stack_growth,
+            exposure,
+            advice,
             lost: Lost {
                 // Counters that split another one (per-kind ring buffer
                 // drops) are not added twice.
@@ -432,6 +460,7 @@ impl Sink for ReportSink {
             }
             Observed::Pause(p) => {
                 self.pauses.add(&p.record);
+                self.exposure.pause(p);
                 if let Some(f) = &mut self.faults {
                     f.pause(p);
                 }
@@ -502,6 +531,7 @@ impl Sink for ReportSink {
             Observed::CpuThrottling { pid, throttling } => {
                 self.throttling.insert(*pid, throttling.clone());
             }
+            Observed::Exposure(r) => self.exposure.reading(r),
             Observed::Losses { user, correlator } => {
                 self.losses = *user;
                 self.correlator = *correlator;

@@ -11,7 +11,7 @@ use crate::{
 };
 
 #[derive(Clone, Default)]
-struct Buf(Rc<RefCell<Vec<u8>>>);
+pub(super) struct Buf(pub(super) Rc<RefCell<Vec<u8>>>);
 impl Write for Buf {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
         self.0.borrow_mut().extend_from_slice(b);

@@ -208,6 +208,9 @@ pub fn summary_text(s: &Summary) -> String {
     if let Some(g) = &s.stack_growth {
         let _ = write!(t, "\nstack growth:\n{}", g.render_text());
     }
+    if let Some(e) = &s.exposure {
+        t += &super::exposure::render_text(e, s.advice.as_deref().unwrap_or_default());
+    }
     let l = &s.lost;
     let mut parts: Vec<String> = l
         .kernel
