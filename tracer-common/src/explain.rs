@@ -168,10 +168,11 @@ pub struct PauseDetail {
     pub stop_tid: u32,
     /// Return addresses in `caller` (0: not read).
     pub caller_len: u32,
-    /// The user goroutine's stack when it asked for the stop, innermost
-    /// first: all return addresses (the first is the call of
-    /// `systemstack` in e.g. `runtime.stopTheWorld`, then its callers by
-    /// the saved frame pointers).
+    /// The stopping thread's stack at the stop's entry, innermost first,
+    /// all return addresses by the frame pointers: its g0 frames (up to
+    /// the one into `runtime.systemstack`), then the goroutine that asked
+    /// for the stop (the call of `systemstack` in e.g.
+    /// `runtime.stopTheWorld`, then its callers).
     pub caller: [u64; CALLER_FRAMES],
     /// 1 while the window is open (counted in `PAUSES_OPEN`).
     pub open: u32,
@@ -203,8 +204,8 @@ pub struct PauseDetail {
     pub ncandidates: u32,
     pub ms_walked: u32,
     pub candidates: [Candidate; CANDIDATES],
-    /// The runtime address of `runtime.allm` (0: unknown) and the stopping
-    /// goroutine, for those walks; walks made while waiting.
+    /// The runtime address of `runtime.allm` (0: unknown), for those walks;
+    /// `stopper_g` is not read (0); walks made while waiting.
     pub allm: u64,
     pub stopper_g: u64,
     pub rewalked: u32,
