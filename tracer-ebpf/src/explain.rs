@@ -106,9 +106,12 @@ pub fn opened(tgid: u32, tid: u32, stop_ts_ns: u64, bp: u64, ip: u64, p: &Traced
         0
     };
     d.stopper_g = 0;
+    // The M list is walked later, when a thread first leaves the CPU while
+    // the world is stopping (`explain_sched`): a walk here would cost this
+    // probe, which every stop pays inside its pause, about 2 us.
     d.rewalked = 0;
+    d.ms_walked = 0;
     d.ncandidates = 0;
-    walk_ms(d, p, tgid, stop_ts_ns);
 }
 
 /// The stopping thread's return addresses, innermost first, following the
