@@ -168,10 +168,11 @@ pub struct PauseDetail {
     pub stop_tid: u32,
     /// Return addresses in `caller` (0: not read).
     pub caller_len: u32,
-    /// The user goroutine's stack when it asked for the stop, innermost
-    /// first: all return addresses (the first is the call of
-    /// `systemstack` in e.g. `runtime.stopTheWorld`, then its callers by
-    /// the saved frame pointers).
+    /// The stopping thread's stack at the stop's entry, innermost first,
+    /// all return addresses by the frame pointers: its g0 frames (up to
+    /// the one into `runtime.systemstack`), then the goroutine that asked
+    /// for the stop (the call of `systemstack` in e.g.
+    /// `runtime.stopTheWorld`, then its callers).
     pub caller: [u64; CALLER_FRAMES],
     /// 1 while the window is open (counted in `PAUSES_OPEN`).
     pub open: u32,
@@ -196,15 +197,16 @@ pub struct PauseDetail {
     pub nlaggards: u32,
     pub laggards_dropped: u32,
     pub laggards: [Laggard; LAGGARDS],
-    /// Threads running a goroutine (from the M list) when the stop began,
-    /// or at one of the stopping thread's sleeps waiting for them (an M that
-    /// checked for a stop just before it began can start a goroutine after
-    /// it), with the last goroutine seen on each; the Ms walked last time.
+    /// Threads holding a P (from the M list) when a thread of the process
+    /// first left the CPU while the world was stopping, or at one of the
+    /// stopping thread's later sleeps waiting for them (an M that checked
+    /// for a stop just before it began can start a goroutine after it),
+    /// with the last goroutine seen on each; the Ms walked last time.
     pub ncandidates: u32,
     pub ms_walked: u32,
     pub candidates: [Candidate; CANDIDATES],
-    /// The runtime address of `runtime.allm` (0: unknown) and the stopping
-    /// goroutine, for those walks; walks made while waiting.
+    /// The runtime address of `runtime.allm` (0: unknown), for those walks;
+    /// `stopper_g` is not read (0); walks made so far (0: none yet).
     pub allm: u64,
     pub stopper_g: u64,
     pub rewalked: u32,

@@ -21,8 +21,8 @@ use aya_ebpf::{
 use tracer_common::{
     counters::Counter,
     explain::{
-        CANDIDATES, Laggard, LaggardState, OffCpu, PHASE_RESTARTING, PHASE_STOPPED, PHASE_STOPPING,
-        PauseDetail, PauseThread,
+        CANDIDATES, LAGGARDS, Laggard, LaggardState, OffCpu, PHASE_RESTARTING, PHASE_STOPPED,
+        PHASE_STOPPING, PauseDetail, PauseThread,
     },
 };
 
@@ -50,8 +50,8 @@ const IRQ_FLAGS: u8 = 0x08 | 0x10 | 0x40;
 /// TASK_RUNNING (0) or TASK_REPORT_MAX (0x100).
 const SLEEP_STATES: i64 = 0xff;
 const TASK_UNINTERRUPTIBLE: i64 = 0x2;
-/// M list walks per pause while the stopping thread waits (bounds its cost
-/// in a long stop: a walk reads 2-3 words per M).
+/// M list walks per pause (bounds their cost in a long stop: a walk reads
+/// 2-3 words per M).
 const REWALKS: u32 = 64;
 
 /// `sched:sched_switch`.
@@ -118,20 +118,43 @@ fn switched_out(ctx: &TracePointContext, prev_state: i64, t: u64) {
     let Some(d) = open_detail(tgid) else {
         return;
     };
+    // The M list is read here, not in the stop's entry probe (which every
+    // stop pays for inside its pause): first when a thread of the process
+    // leaves the CPU while the world is stopping (the stopping thread
+    // beginning to wait, or a thread that stopped before it had to), then
+    // each time the stopping thread sleeps again (in 100 us steps): an M
+    // that had checked for a stop just before it began can have started a
+    // goroutine since, which then delays it. A candidate off the CPU at the
+    // first walk was so since the stop began. The thread leaving now is
+    // judged by the candidates known before (it may have let its P go).
+    let unfiltered = d.ncandidates == 0;
+    let first = d.rewalked == 0;
+    if d.phase == PHASE_STOPPING
+        && (first || (tid == d.stop_tid && d.rewalked < REWALKS))
+        && let Some(p) = traced(tgid)
+    {
+        d.rewalked += 1;
+        walk_ms(d, p, tgid, if first { d.stop_ts_ns } else { t });
+    }
+    follow_out(ctx, d, tgid, tid, prev_state, t, unfiltered);
+}
+
+/// `switched_out` of thread `tid` of `tgid`, whose window `d` is open;
+/// `unfiltered`: no M list had named the threads that can delay the stop.
+#[inline(always)]
+fn follow_out(
+    ctx: &TracePointContext,
+    d: &mut PauseDetail,
+    tgid: u32,
+    tid: u32,
+    prev_state: i64,
+    t: u64,
+    unfiltered: bool,
+) {
     let state = state_of(prev_state);
     let runnable = state == LaggardState::Runnable;
     if tid == d.stop_tid {
         d.stopper.switches += 1;
-        // Each time it leaves the CPU waiting for the others (it sleeps in
-        // 100 us steps): an M that had checked for a stop just before it
-        // began can have started a goroutine since, which then delays it.
-        if d.phase == PHASE_STOPPING
-            && d.rewalked < REWALKS
-            && let Some(p) = traced(tgid)
-        {
-            d.rewalked += 1;
-            walk_ms(d, p, tgid, t);
-        }
         let entry = PauseThread {
             tgid,
             slot: PauseThread::STOPPER,
@@ -146,7 +169,7 @@ fn switched_out(ctx: &TracePointContext, prev_state: i64, t: u64) {
         }
         return;
     }
-    if d.phase != PHASE_STOPPING {
+    if d.phase == PHASE_RESTARTING {
         return;
     }
     // What this thread owed since its last switch-out. The entry probe's
@@ -164,9 +187,15 @@ fn switched_out(ctx: &TracePointContext, prev_state: i64, t: u64) {
         _ => (OffCpu::default(), 0),
     };
     let cand = candidate(d, tid);
+    // A candidate that stopped without leaving the CPU before the stopping
+    // thread's stop RET probe: it leaves it now, once (it stopped by
+    // `finishedStopping`, where user space clamps it).
+    if d.phase != PHASE_STOPPING && (cand.is_none() || has_slot(d, tid)) {
+        return;
+    }
     if cand.is_some() {
         flags |= Laggard::CANDIDATE;
-    } else if d.ncandidates != 0 {
+    } else if !unfiltered {
         // The M list named the threads that can delay the stop: others
         // (sysmon, idle Ms waking up) are not laggards.
         return;
@@ -218,6 +247,20 @@ fn switched_out(ctx: &TracePointContext, prev_state: i64, t: u64) {
     if PAUSE_THREADS.insert(tid, entry, 0).is_err() {
         count(Counter::MapFull);
     }
+}
+
+/// Whether `tid` has a laggard slot in `d`.
+#[inline(always)]
+fn has_slot(d: &PauseDetail, tid: u32) -> bool {
+    for i in 0..LAGGARDS {
+        if i >= d.nlaggards as usize {
+            break;
+        }
+        if d.laggards[i].tid == tid {
+            return true;
+        }
+    }
+    false
 }
 
 /// The current task's on-CPU time since it last got a CPU (its

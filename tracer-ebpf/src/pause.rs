@@ -88,7 +88,7 @@ pub fn stw_stop(ctx: ProbeContext) -> u32 {
         tgid,
         window.stop_tid,
         window.stop_ts_ns,
-        regs.r14,
+        regs.rbp,
         regs.rip,
         process,
     );

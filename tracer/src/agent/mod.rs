@@ -59,7 +59,8 @@ pub struct Args {
     pub max_label_sets: u32,
     /// Read Go's stopping phase of every pause (Go 1.23+). Off by default:
     /// its probe fires inside every pause of every traced process and adds
-    /// its own latency to it (README, "Stopping phase").
+    /// its own latency to it (README, "Stopping phase"). Also explains
+    /// each pause (the breakdown series need the stopping phase).
     #[arg(long)]
     pub stopping: bool,
     /// How often each traced process's memory exposure is read for
@@ -88,7 +89,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 pub const SAMPLE_HZ: u64 = 99;
 
 /// What the agent traces: pauses, faults (auto backend), sampled stack
-/// growth, and Go's stopping phase if `stopping`.
+/// growth, and Go's stopping phase and the pauses' explanation if
+/// `stopping`.
 pub fn core_options(stopping: bool) -> CoreOptions {
     CoreOptions {
         faults: Some(FaultSource::Auto),
@@ -98,7 +100,9 @@ pub fn core_options(stopping: bool) -> CoreOptions {
             ..StackGrowthOptions::default()
         }),
         stopping,
-        explain: false,
+        // The breakdown needs the stopping phase; the callers and laggards
+        // alone are no bounded labels.
+        explain: stopping,
     }
 }
 

@@ -28,6 +28,19 @@
 use serde::Serialize;
 use tracer_common::explain::{OffCpu, StopperTime};
 
+/// The parts' names: the JSON field names without `_ns`.
+pub const PARTS: [&str; 9] = [
+    "stopping_on_cpu",
+    "stopping_fault",
+    "stopping_runnable",
+    "stopping_blocked",
+    "faults",
+    "off_cpu_runnable",
+    "off_cpu_blocked",
+    "on_cpu",
+    "unexplained",
+];
+
 /// The parts of one pause (ns); they add up to `duration_ns`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Breakdown {
@@ -46,22 +59,26 @@ impl Breakdown {
     /// The named parts with their JSON names (without the `_ns`), largest
     /// first, zero parts left out.
     pub fn largest(&self) -> Vec<(&'static str, u64)> {
-        let mut v: Vec<(&'static str, u64)> = [
-            ("stopping_on_cpu", self.stopping_on_cpu_ns),
-            ("stopping_fault", self.stopping_fault_ns),
-            ("stopping_runnable", self.stopping_runnable_ns),
-            ("stopping_blocked", self.stopping_blocked_ns),
-            ("faults", self.faults_ns),
-            ("off_cpu_runnable", self.off_cpu_runnable_ns),
-            ("off_cpu_blocked", self.off_cpu_blocked_ns),
-            ("on_cpu", self.on_cpu_ns),
-            ("unexplained", self.unexplained_ns),
-        ]
-        .into_iter()
-        .filter(|(_, ns)| *ns > 0)
-        .collect();
+        let mut v: Vec<(&'static str, u64)> =
+            self.parts().into_iter().filter(|(_, ns)| *ns > 0).collect();
         v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
         v
+    }
+
+    /// Every part with its name (`PARTS`), in that order.
+    pub fn parts(&self) -> [(&'static str, u64); PARTS.len()] {
+        let ns = [
+            self.stopping_on_cpu_ns,
+            self.stopping_fault_ns,
+            self.stopping_runnable_ns,
+            self.stopping_blocked_ns,
+            self.faults_ns,
+            self.off_cpu_runnable_ns,
+            self.off_cpu_blocked_ns,
+            self.on_cpu_ns,
+            self.unexplained_ns,
+        ];
+        std::array::from_fn(|i| (PARTS[i], ns[i]))
     }
 
     /// Sum of the parts (equal to the pause's duration).

@@ -56,6 +56,21 @@ impl CallerSite {
     }
 }
 
+/// The goroutine's part of a stopping thread's stack (innermost first):
+/// the frames after the first `runtime.systemstack`, where the thread left
+/// the goroutine's stack for g0's; all of them when there is none (before
+/// Go 1.21 `systemstack` has no frame of its own, and a stop run as the
+/// function it calls leaves no g0 frame on the chain).
+pub fn goroutine_part(mut frames: Vec<Frame>) -> Vec<Frame> {
+    if let Some(i) = frames
+        .iter()
+        .position(|f| f.function == "runtime.systemstack")
+    {
+        frames.drain(..=i);
+    }
+    frames
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,5 +121,26 @@ mod tests {
         .unwrap();
         assert_eq!(pprof.function, "runtime/pprof.writeGoroutine");
         assert_eq!(CallerSite::of(&[]), None);
+    }
+
+    #[test]
+    fn the_g0_frames_are_dropped() {
+        let f = frames(&[
+            "runtime.systemstack",
+            "runtime.stopTheWorld",
+            "runtime.ReadMemStats",
+            "main.readStats",
+        ]);
+        let names: Vec<String> = goroutine_part(f).into_iter().map(|f| f.function).collect();
+        assert_eq!(
+            names,
+            [
+                "runtime.stopTheWorld",
+                "runtime.ReadMemStats",
+                "main.readStats"
+            ]
+        );
+        let f = frames(&["runtime.GC", "main.main"]);
+        assert_eq!(goroutine_part(f.clone()), f);
     }
 }

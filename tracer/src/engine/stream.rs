@@ -225,7 +225,7 @@ impl Stream {
         let n = (d.caller_len as usize).min(d.caller.len());
         let rets = &d.caller[..n];
         match self.images.get(&tgid) {
-            Some(image) => image.return_stack(rets, caller::MAX_FRAMES),
+            Some(image) => caller::goroutine_part(image.return_stack(rets, caller::MAX_FRAMES)),
             None => rets.iter().map(|&pc| Frame::unknown(pc)).collect(),
         }
     }

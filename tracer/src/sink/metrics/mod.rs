@@ -17,6 +17,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
+pub mod explain;
 pub mod exposure;
 pub mod observe;
 mod sink;
@@ -117,6 +118,7 @@ pub struct Metrics {
     stack_growth_cpu_seconds: Family<ProcessLabels, Counter<f64, AtomicU64>>,
     stack_old_size: Histograms<ProcessLabels>,
     processes: Family<ProcessLabels, Gauge>,
+    explain: explain::ExplainMetrics,
     /// Reasons seen per label set, to remove their series on exit.
     reasons: Mutex<HashMap<ProcessLabels, BTreeSet<&'static str>>>,
     // Health.
@@ -157,6 +159,7 @@ impl Metrics {
             stack_growth_cpu_seconds: Family::default(),
             stack_old_size: Histograms::new_with_constructor(stack_size_histogram),
             processes: Family::default(),
+            explain: explain::ExplainMetrics::new(),
             reasons: Mutex::new(HashMap::new()),
             processes_traced: Gauge::default(),
             executables_attached: Gauge::default(),
@@ -229,6 +232,7 @@ impl Metrics {
             "Processes traced, by executable and container",
             m.processes.clone(),
         );
+        m.explain.register(&mut r);
         let a = r.sub_registry_with_prefix("agent");
         a.register(
             "processes_traced",
@@ -413,6 +417,9 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(labels);
+        if let Some(reasons) = &reasons {
+            self.explain.remove(labels, reasons);
+        }
         for reason in reasons.into_iter().flatten() {
             self.pause_duration.remove(&PauseLabels {
                 process: labels.clone(),

@@ -112,6 +112,7 @@ impl Sink for MetricsSink {
                             major_faults: u32::try_from(p.faults.len()).unwrap_or(u32::MAX),
                         },
                     );
+                    m.pause_explained(l, &p.record);
                 }
                 for f in &p.faults {
                     self.fault(f, true);

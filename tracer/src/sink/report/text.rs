@@ -71,8 +71,10 @@ fn laggard_text(l: &LaggardRecord) -> String {
 }
 
 /// A pause's faults, e.g. `faults=87 (swap 87) wait=11.9 ms own=9.1 ms
-/// other=2.8 ms threads: stopper 80, other 7; top runtime.markrootSpans`.
+/// other=2.8 ms threads: stopper 80, other 7; began stopping 0, stopped 83,
+/// restarting 4 (after the restart); top runtime.markrootSpans`.
 fn fault_text(f: &PauseFaultStats) -> String {
+    use std::fmt::Write as _;
     let a = &f.all;
     let kinds: Vec<String> = [
         ("swap", a.swap_in),
@@ -94,6 +96,15 @@ fn fault_text(f: &PauseFaultStats) -> String {
         f.stopper.faults,
         f.other_threads.faults,
     );
+    // By the phase they began in: those of the restart began once threads
+    // had their P back, and did not lengthen the pause.
+    if let Some(p) = &f.by_phase {
+        let _ = write!(
+            t,
+            "; began stopping {}, stopped {}, restarting {} (after the restart)",
+            p.stopping.faults, p.stopped.faults, p.restarting.faults
+        );
+    }
     if let Some((site, _)) = f.top_sites.first() {
         t.push_str("; top ");
         t.push_str(site);
@@ -238,4 +249,37 @@ pub fn summary_text(s: &Summary) -> String {
         }
     );
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{explain::PhaseFaults, fault::FaultTotals};
+
+    #[test]
+    fn a_pause_line_splits_its_faults_by_phase() {
+        let n = |faults| FaultTotals {
+            faults,
+            swap_in: faults,
+            ..FaultTotals::default()
+        };
+        let mut f = PauseFaultStats {
+            all: n(36),
+            stopper: n(34),
+            other_threads: n(2),
+            ..PauseFaultStats::default()
+        };
+        assert!(!fault_text(&f).contains("began"), "phases unknown");
+        f.by_phase = Some(Box::new(PhaseFaults {
+            stopping: n(0),
+            stopped: n(34),
+            restarting: n(2),
+        }));
+        assert!(
+            fault_text(&f)
+                .contains("; began stopping 0, stopped 34, restarting 2 (after the restart)"),
+            "{}",
+            fault_text(&f)
+        );
+    }
 }
