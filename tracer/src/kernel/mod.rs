@@ -347,6 +347,7 @@ pub fn traced_process(binary: &GoBinary, offsets: &crate::binary::StructOffsets)
         },
         offsets: offsets.to_kernel(),
         explain,
+        cpu_samples: 0,
     }
 }
 
@@ -446,7 +447,7 @@ impl Kernel for Core {
         if self.traced.is_empty() {
             self.first_traced();
         }
-        self.object.trace(pid, *traced)?;
+        self.object.trace(pid, *traced, self.opts.explain)?;
         if self.opts.explain {
             let stopped_probe = self.opts.stopping && traced.go_version >= STOPPING_SINCE;
             let sched = self.sched.is_some();
