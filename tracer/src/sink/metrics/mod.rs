@@ -17,6 +17,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
+pub mod cost;
 pub mod observe;
 mod sink;
 
@@ -133,6 +134,8 @@ pub struct Metrics {
     pub last_poll_unix_seconds: Gauge<f64, AtomicU64>,
     pub build_info: Family<Vec<(&'static str, &'static str)>, Gauge<i64, AtomicI64>>,
     fault_backend: Family<Vec<(&'static str, &'static str)>, Gauge<i64, AtomicI64>>,
+    /// The agent's own cost (`cost`).
+    pub cost: cost::CostMetrics,
 }
 
 impl Default for Metrics {
@@ -143,7 +146,9 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut r = Registry::with_prefix("gostw");
+        // Only the standard process series (`cost`) are outside `gostw_`.
+        let mut root = Registry::default();
+        let r = root.sub_registry_with_prefix("gostw");
         let m = Metrics {
             pause_duration: Histograms::new_with_constructor(seconds_histogram),
             pause_major_faults: Histograms::new_with_constructor(fault_count_histogram),
@@ -170,6 +175,7 @@ impl Metrics {
             last_poll_unix_seconds: Gauge::default(),
             build_info: Family::default(),
             fault_backend: Family::default(),
+            cost: cost::CostMetrics::default(),
             registry: Registry::default(),
         };
         r.register_with_unit(
@@ -312,7 +318,12 @@ impl Metrics {
         for stage in EVENT_LOSS_STAGES {
             let _ = m.events_lost.get_or_create(&StageLabel { stage });
         }
-        Metrics { registry: r, ..m }
+        m.cost.register_programs(r);
+        m.cost.register_process(&mut root);
+        Metrics {
+            registry: root,
+            ..m
+        }
     }
 
     /// The registry, for encoding.

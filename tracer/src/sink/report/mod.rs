@@ -8,6 +8,7 @@
 
 pub mod faults;
 pub mod faults_text;
+pub mod health;
 pub mod pauses;
 pub mod text;
 
@@ -139,6 +140,9 @@ pub struct Summary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stack_growth: Option<StackGrowthSummary>,
     pub lost: Lost,
+    /// What tracing cost gostw (absent in summaries of recorded streams).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<health::Health>,
 }
 
 /// Where and how live records are written.
@@ -224,6 +228,7 @@ pub struct ReportSink {
     counters: Vec<(Counter, u64)>,
     losses: Losses,
     correlator: CorrelatorStats,
+    cost: Option<Arc<crate::bpf_stats::CostReading>>,
     write_error: Option<std::io::Error>,
 }
 
@@ -244,6 +249,7 @@ impl ReportSink {
             counters: Vec::new(),
             losses: Losses::default(),
             correlator: CorrelatorStats::default(),
+            cost: None,
             write_error: None,
         }
     }
@@ -313,7 +319,7 @@ impl ReportSink {
             })
             .collect();
         let kernel: BTreeMap<_, _> = self.counters.iter().map(|&(c, n)| (c.name(), n)).collect();
-        Summary {
+        let mut summary = Summary {
             kind: "summary",
             elapsed_ns,
             processes,
@@ -333,7 +339,13 @@ impl ReportSink {
                 user: self.losses,
                 correlator: self.correlator,
             },
-        }
+            health: None,
+        };
+        summary.health = self
+            .cost
+            .as_deref()
+            .map(|c| health::Health::of(c, summary.lost.total));
+        summary
     }
 
     /// Stack growth of the first traced process.
@@ -502,6 +514,7 @@ impl Sink for ReportSink {
             Observed::CpuThrottling { pid, throttling } => {
                 self.throttling.insert(*pid, throttling.clone());
             }
+            Observed::Cost(c) => self.cost = Some(c.clone()),
             Observed::Losses { user, correlator } => {
                 self.losses = *user;
                 self.correlator = *correlator;

@@ -234,5 +234,8 @@ pub fn summary_text(s: &Summary) -> String {
             format!(" ({})", parts.join(", "))
         }
     );
+    if let Some(h) = &s.health {
+        let _ = write!(t, "\n{}", h.render_text(s.elapsed_ns));
+    }
     t
 }
