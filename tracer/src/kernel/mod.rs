@@ -20,6 +20,7 @@ pub mod object;
 pub mod stacks;
 pub mod teardown;
 
+use anyhow::Context as _;
 use std::{
     collections::{HashMap, HashSet},
     path::Path,
@@ -234,9 +235,11 @@ impl Core {
                     .object
                     .program::<UProbe>(name)?
                     .attach(offset, path, UProbeScope::AllProcesses)
-                    .map_err(|e| {
-                        anyhow::anyhow!(
-                            "attaching {name} to {} at file offset {offset:#x}: {e}",
+                    // Kept as the source: its errno decides whether a
+                    // retry can help (`tracker::is_transient`).
+                    .with_context(|| {
+                        format!(
+                            "attaching {name} to {} at file offset {offset:#x}",
                             path.display()
                         )
                     })?;
@@ -399,12 +402,16 @@ impl Kernel for Core {
                 .map_err(|e| failed(FailureReason::Analysis, e))?;
         }
         let links = self.attach_pause_probes(binary, path).map_err(|e| {
-            let reason = if gone(pid) {
-                FailureReason::ProcessGone
+            if gone(pid) {
+                failed(FailureReason::ProcessGone, format!("{e:#}"))
+            } else if crate::targets::tracker::is_transient(&e) {
+                AttachError::Transient {
+                    reason: FailureReason::Attach,
+                    message: format!("{e:#}"),
+                }
             } else {
-                FailureReason::Attach
-            };
-            failed(reason, format!("{e:#}"))
+                failed(FailureReason::Attach, format!("{e:#}"))
+            }
         })?;
         if let Some(o) = self.opts.stacks.filter(|o| o.mode == Mode::Exact) {
             match StackGrowthProbes::attach(&mut self.object, binary, path, o) {
