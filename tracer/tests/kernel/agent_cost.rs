@@ -193,3 +193,49 @@ fn agent_with_20_processes_stays_within_its_budget() {
         },
     );
 }
+
+/// `gostw run --json`: the summary's health section lists the programs the
+/// kernel ran for it, with `stw_stop` run once per pause of the traced
+/// program (it is the only process of that binary), its own CPU and peak
+/// RSS, and the same loss total as `lost`.
+#[test]
+fn run_summary_reports_its_own_cost() {
+    require_root();
+    let bin = build_workload("stw", &newest_go(), "", &[]);
+    let out = Command::new(env!("CARGO_BIN_EXE_gostw"))
+        .args(["run", "--json", "--"])
+        .arg(&bin)
+        .args(["-gc", "5", "-alloc-mb", "64"])
+        .output()
+        .expect("running gostw run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary: serde_json::Value = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["type"] == "summary")
+        .unwrap_or_else(|| panic!("no summary in:\n{stdout}"));
+    let h = &summary["health"];
+    assert_eq!(h["bpf_stats_enabled"], true, "{h}");
+    let pauses = summary["processes"][0]["pauses"].as_u64().unwrap();
+    assert!(pauses >= 10, "{pauses} pauses");
+    let stop = h["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["program"] == "stw_stop")
+        .unwrap_or_else(|| panic!("no stw_stop in {h}"));
+    assert_eq!(stop["runs"].as_u64(), Some(pauses), "{h}");
+    assert!(
+        stop["ns_per_run"].as_f64().is_some_and(|ns| ns > 0.0),
+        "{h}"
+    );
+    assert!(h["bpf_ns"].as_u64().unwrap() >= stop["run_ns"].as_u64().unwrap());
+    assert!(h["cpu_ns"].as_u64().unwrap() > 0, "{h}");
+    assert!(h["peak_rss_bytes"].as_u64().unwrap() > 1 << 20, "{h}");
+    assert_eq!(h["events_lost"], summary["lost"]["total"], "{h}");
+}
