@@ -10,36 +10,80 @@ pub const REASON_TEXT_LEN: usize = 32;
 /// `reason` value meaning "Go passed no reason code; see `reason_text`".
 pub const REASON_FROM_TEXT: u32 = u32::MAX;
 
-/// A pause window, kept per tgid in `PAUSE_WINDOWS` (kernel only; user
-/// space deletes the entry when a process goes away). Open from
+/// A pause window, kept per tgid in `PAUSE_WINDOWS` (user space inserts it
+/// closed when it traces a process and deletes it when the process goes
+/// away). Open from
 /// `stopTheWorldWithSema` entry to a RET of `startTheWorldWithSema`, then
 /// kept closed (`stop_ts_ns` 0) for the next pause. Only traced processes
 /// have one, so the RET probe's lookup doubles as the traced check.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PauseWindow {
+    // The entry probe writes only the first 40 bytes of a value it finds
+    // cold, the stop RET probe the next 24: what they set comes first.
     /// `bpf_ktime_get_ns()` at `stopTheWorldWithSema` entry.
     pub stop_ts_ns: u64,
+    /// `stopTheWorldWithSema` entries of the process (its
+    /// `Probe::StopTheWorld` hits), counted here: no map of its own to look
+    /// up in a probe that runs every few milliseconds, with cold caches.
+    pub entries: u64,
     /// Thread that called `stopTheWorldWithSema`.
     pub stop_tid: u32,
     /// The `stwReason` (Go 1.21+), else `REASON_FROM_TEXT`.
     pub reason: u32,
-    /// `PauseEvent::FLAG_*` bits known at entry.
+    /// `PauseEvent::FLAG_*` bits known so far.
     pub flags: u32,
     /// Bytes of `reason_text` that are the `m.preemptoff` string.
     pub reason_text_len: u32,
-    /// `m.preemptoff` (Go 1.19/1.20), truncated to `REASON_TEXT_LEN`.
-    pub reason_text: [u8; REASON_TEXT_LEN],
+    /// The process's `GoOffsets::start_rsp_started_stopping`, set by user
+    /// space with the entry, so the RET probe needs no `TRACED` lookup.
+    pub start_rsp_started_stopping: u16,
+    /// `PauseWindow::SETUP_*`: what user space set up for this process.
+    pub setup: u16,
+    pub _pad: u32,
     /// Go's own stopping phase, read at `stopTheWorldWithSema`'s RET (Go
     /// 1.23+, with `PauseEvent::FLAG_STOPPING`): `w.startedStopping`,
-    /// `w.finishedStopping`, `w.stoppingCPUTime`.
+    /// `w.finishedStopping`, `w.stoppingCPUTime`. Next to
+    /// what the entry probe wrote, so the RET probe finds it in cache.
     pub stopping: GoStopping,
-    /// The process's `GoOffsets::start_rsp_started_stopping`, copied at
-    /// entry so the RET probe needs no `TRACED` lookup.
-    pub start_rsp_started_stopping: u16,
-    pub _pad: [u16; 3],
+    /// `m.preemptoff` (Go 1.19/1.20, with `PauseEvent::FLAG_REASON_TEXT`),
+    /// truncated to `REASON_TEXT_LEN`.
+    pub reason_text: [u8; REASON_TEXT_LEN],
 }
-assert_size!(PauseWindow, 24 + REASON_TEXT_LEN + GoStopping::SIZE + 8);
+assert_size!(PauseWindow, 40 + REASON_TEXT_LEN + GoStopping::SIZE);
+
+impl PauseWindow {
+    /// The reason is `m.preemptoff` (Go 1.19/1.20): the entry probe reads
+    /// the process's `TracedProcess` offsets for it.
+    pub const SETUP_REASON_FROM_PREEMPTOFF: u16 = 1 << 0;
+    /// The process's pauses are explained (`PAUSE_DETAILS` has its entry).
+    pub const SETUP_EXPLAINED: u16 = 1 << 1;
+
+    /// The closed window user space inserts when it traces a process: every
+    /// traced process has one, so its pause probes do one lookup.
+    pub fn closed(process: &crate::process::TracedProcess, explained: bool) -> PauseWindow {
+        let mut setup = 0;
+        if process.flags & crate::process::TracedProcess::FLAG_REASON_FROM_PREEMPTOFF != 0 {
+            setup |= Self::SETUP_REASON_FROM_PREEMPTOFF;
+        }
+        if explained {
+            setup |= Self::SETUP_EXPLAINED;
+        }
+        PauseWindow {
+            stop_ts_ns: 0,
+            stop_tid: 0,
+            reason: 0,
+            flags: 0,
+            reason_text_len: 0,
+            reason_text: [0; REASON_TEXT_LEN],
+            stopping: GoStopping::default(),
+            start_rsp_started_stopping: process.offsets.start_rsp_started_stopping,
+            setup,
+            _pad: 0,
+            entries: 0,
+        }
+    }
+}
 
 /// The `worldStop` Go returns from `stopTheWorldWithSema` (Go 1.23+): its
 /// stopping phase as Go times it.

@@ -55,8 +55,12 @@ pub struct TracedProcess {
     pub offsets: GoOffsets,
     /// What the pause explanation reads of the runtime beyond `offsets`.
     pub explain: ExplainRuntime,
+    /// CPU-clock samples that landed in the process (its `Probe::CpuSample`
+    /// hits), added by the sampler in the entry it has just read: no second
+    /// map lookup per sample. User space inserts 0.
+    pub cpu_samples: u64,
 }
-assert_size!(TracedProcess, 8 + GoOffsets::SIZE + ExplainRuntime::SIZE);
+assert_size!(TracedProcess, 16 + GoOffsets::SIZE + ExplainRuntime::SIZE);
 
 /// Where the runtime keeps its Ms, for the `stopTheWorldWithSema` entry
 /// probe to list the threads running goroutines (the possible laggards).

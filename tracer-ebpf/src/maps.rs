@@ -1,5 +1,7 @@
 //! Maps shared by every probe family, and the small helpers around them.
 
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
 use aya_ebpf::{
     bindings::BPF_RB_NO_WAKEUP,
     macros::map,
@@ -33,7 +35,10 @@ pub const SUBMIT_FLAGS: u64 = BPF_RB_NO_WAKEUP as u64;
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::LEN, 0);
 
 /// Hits per (process, probe): what the probes saw, independently of whether
-/// an event made it to user space. Per CPU, so no atomics are needed.
+/// an event made it to user space. Per CPU, so no atomics are needed. The
+/// two most frequent count where their probe looks anyway (one cold map
+/// lookup less): `Probe::StopTheWorld` in `PauseWindow::entries`,
+/// `Probe::CpuSample` in `TracedProcess::cpu_samples`.
 #[map]
 pub static PROBE_HITS: PerCpuHashMap<ProbeHitKey, u64> = PerCpuHashMap::with_max_entries(16384, 0);
 
@@ -43,6 +48,19 @@ pub fn traced(tgid: u32) -> Option<&'static TracedProcess> {
     // SAFETY: entries are only inserted and removed by user space; a stale
     // read at worst attributes one event to a process being detached.
     unsafe { TRACED.get(tgid) }
+}
+
+/// Add one to the `cpu_samples` of process `tgid`'s entry, if traced;
+/// the entry, for its offsets.
+#[inline(always)]
+pub fn traced_sample(tgid: u32) -> Option<&'static TracedProcess> {
+    let p = TRACED.get_ptr_mut(tgid)?;
+    // SAFETY: a valid map value; the BPF atomic add (two CPUs may sample
+    // the same process at once).
+    unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*p).cpu_samples, 1);
+        Some(&*p)
+    }
 }
 
 /// Add one to a health counter.

@@ -17,19 +17,21 @@ use tracer_common::{
     counters::Counter,
     event::{EventHeader, EventKind},
     pause::{GoStopping, PauseEvent, PauseWindow, REASON_FROM_TEXT, REASON_TEXT_LEN},
-    process::{GoOffsets, Probe, TracedProcess},
+    process::GoOffsets,
 };
 
 use crate::{
     explain,
-    maps::{EVENTS, SUBMIT_FLAGS, count, hit, ringbuf_full, traced},
+    maps::{EVENTS, SUBMIT_FLAGS, count, ringbuf_full, traced},
 };
 
-/// The pause window of each traced process, by tgid: open from
-/// `stopTheWorldWithSema` entry to a RET of `startTheWorldWithSema`, then
-/// kept closed (`stop_ts_ns` 0) for the next pause. A process stops the world
-/// at most once at a time (`worldsema`), so one slot per tgid; user space
-/// deletes it when the process goes away.
+/// The pause window of each traced process, by tgid, inserted closed
+/// (`PauseWindow::closed`) by user space when it traces the process and
+/// deleted when the process goes away: open from `stopTheWorldWithSema`
+/// entry to a RET of `startTheWorldWithSema`, then closed (`stop_ts_ns` 0)
+/// for the next pause. A process stops the world at most once at a time
+/// (`worldsema`), so one slot per tgid. Only traced processes have one, so
+/// the lookup is the pause probes' traced check too.
 #[map]
 pub static PAUSE_WINDOWS: HashMap<u32, PauseWindow> = HashMap::with_max_entries(4096, 0);
 
@@ -37,61 +39,50 @@ pub static PAUSE_WINDOWS: HashMap<u32, PauseWindow> = HashMap::with_max_entries(
 /// in AL); `func stopTheWorldWithSema()` before, with the reason in
 /// `getg().m.preemptoff`. Runs on g0 (R14) with the world still running, and
 /// before Go starts its own clock (1.22+).
+///
+/// It runs every few milliseconds in a busy process, so every map it
+/// touches is a cache miss (~0.5-1 us each here): one lookup, the window,
+/// written in place. `TRACED` is read only where the reason is a string
+/// (Go 1.19/1.20) or the pause is explained.
 #[uprobe]
 pub fn stw_stop(ctx: ProbeContext) -> u32 {
     let tgid = ctx.tgid();
+    let Some(w) = PAUSE_WINDOWS.get_ptr_mut(tgid) else {
+        return 0;
+    };
+    // SAFETY: a pointer to this process's value; its pauses do not overlap
+    // (`worldsema`), and only user space deletes the entry.
+    let w = unsafe { &mut *w };
+    if w.stop_ts_ns != 0 {
+        count(Counter::PauseReopened);
+    }
+    // SAFETY: helper with no arguments.
+    let stop_ts_ns = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: uprobe context, pt_regs readable.
+    let regs = unsafe { &*ctx.regs };
+    w.entries += 1;
+    w.stop_ts_ns = stop_ts_ns;
+    w.stop_tid = ctx.pid();
+    w.flags = 0;
+    w.reason_text_len = 0;
+    w.reason = (regs.rax & 0xff) as u32;
+    if w.setup & (PauseWindow::SETUP_REASON_FROM_PREEMPTOFF | PauseWindow::SETUP_EXPLAINED) == 0 {
+        return 0;
+    }
     let Some(process) = traced(tgid) else {
         return 0;
     };
-    hit(tgid, Probe::StopTheWorld);
-    let mut window = PauseWindow {
-        // SAFETY: helper with no arguments.
-        stop_ts_ns: unsafe { bpf_ktime_get_ns() },
-        stop_tid: ctx.pid(),
-        reason: REASON_FROM_TEXT,
-        flags: 0,
-        reason_text_len: 0,
-        reason_text: [0; REASON_TEXT_LEN],
-        stopping: GoStopping::default(),
-        start_rsp_started_stopping: process.offsets.start_rsp_started_stopping,
-        _pad: [0; 3],
-    };
-    // SAFETY: uprobe context, pt_regs readable.
-    let regs = unsafe { &*ctx.regs };
-    if process.flags & TracedProcess::FLAG_REASON_FROM_PREEMPTOFF != 0 {
-        window.flags |= PauseEvent::FLAG_REASON_TEXT;
-        if read_preemptoff(regs.r14, &process.offsets, &mut window).is_err() {
-            window.flags |= PauseEvent::FLAG_READ_FAILED;
+    if w.setup & PauseWindow::SETUP_REASON_FROM_PREEMPTOFF != 0 {
+        w.reason = REASON_FROM_TEXT;
+        w.flags |= PauseEvent::FLAG_REASON_TEXT;
+        if read_preemptoff(regs.r14, &process.offsets, w).is_err() {
+            w.flags |= PauseEvent::FLAG_READ_FAILED;
             count(Counter::ReadUserFailed);
         }
-    } else {
-        window.reason = (regs.rax & 0xff) as u32;
     }
-    // The entry stays in the map between pauses (closed: `stop_ts_ns` 0),
-    // so every pause but the first is written in place, not allocated.
-    match PAUSE_WINDOWS.get_ptr_mut(tgid) {
-        // SAFETY: a pointer to this process's value; its pauses do not
-        // overlap (`worldsema`), and only user space deletes the entry.
-        Some(open) => unsafe {
-            if (*open).stop_ts_ns != 0 {
-                count(Counter::PauseReopened);
-            }
-            *open = window;
-        },
-        None => {
-            if PAUSE_WINDOWS.insert(tgid, window, 0).is_err() {
-                count(Counter::MapFull);
-            }
-        }
+    if w.setup & PauseWindow::SETUP_EXPLAINED != 0 {
+        explain::opened(tgid, w.stop_tid, stop_ts_ns, regs.rbp, regs.rip, process);
     }
-    explain::opened(
-        tgid,
-        window.stop_tid,
-        window.stop_ts_ns,
-        regs.rbp,
-        regs.rip,
-        process,
-    );
     0
 }
 
@@ -130,24 +121,22 @@ fn read_preemptoff(g0: u64, offsets: &GoOffsets, window: &mut PauseWindow) -> Re
 /// is Go's `now` at the end of the pause. From Go 1.22 its argument
 /// `w.startedStopping` is still in the caller-visible stack slot below RSP.
 /// Rarely run, so every map it touches is a cache miss: it looks up only
-/// the pause window (which only traced processes have).
+/// the pause window (which only traced processes have), and the explained
+/// pause's detail when there is one.
 #[uprobe]
 pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
     let tgid = ctx.tgid();
     let Some(slot) = PAUSE_WINDOWS.get_ptr_mut(tgid) else {
-        // Not traced, or traced since inside its first pause.
-        if traced(tgid).is_some() {
-            count(Counter::PauseUnmatched);
-        }
+        // Not traced.
         return 0;
     };
-    // SAFETY: as in `stw_stop`; the value is copied out, then closed.
-    let window = unsafe {
-        let window = *slot;
-        (*slot).stop_ts_ns = 0;
-        window
-    };
-    if window.stop_ts_ns == 0 {
+    // SAFETY: as in `stw_stop`. Only the first 40 bytes are read unless
+    // the flags say the text or the stopping phase is there; then closed.
+    let window = unsafe { &mut *slot };
+    let stop_ts_ns = window.stop_ts_ns;
+    window.stop_ts_ns = 0;
+    if stop_ts_ns == 0 {
+        // Traced since inside this pause.
         count(Counter::PauseUnmatched);
         return 0;
     }
@@ -156,7 +145,13 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
     let mut flags = window.flags;
     let mut go_started_ns = 0;
     let off = window.start_rsp_started_stopping;
-    if off != GoOffsets::UNKNOWN {
+    if flags & PauseEvent::FLAG_STOPPING != 0 {
+        // The stop RET probe fired in this window: Go's `startedStopping`
+        // is known without a read of the process's memory (the first one in
+        // a program run costs ~0.5-1 us here).
+        go_started_ns = window.stopping.started_ns;
+        flags |= PauseEvent::FLAG_GO_START;
+    } else if off != GoOffsets::UNKNOWN {
         let slot = regs.rsp.wrapping_sub(u64::from(off));
         // SAFETY: bpf_probe_read_user checks the address.
         match unsafe { bpf_probe_read_user(slot as *const u64) } {
@@ -170,7 +165,9 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
             }
         }
     }
-    explain::send(tgid, ctx.pid());
+    if window.setup & PauseWindow::SETUP_EXPLAINED != 0 {
+        explain::send(tgid, ctx.pid());
+    }
     let Some(mut entry) = EVENTS.reserve::<PauseEvent>(0) else {
         ringbuf_full(Counter::RingbufFullPause);
         return 0;
@@ -185,15 +182,23 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
             // SAFETY: as above.
             ts_ns: unsafe { bpf_ktime_get_ns() },
         },
-        stop_ts_ns: window.stop_ts_ns,
+        stop_ts_ns,
         go_now_ns: regs.rax,
         go_started_ns,
         stop_tid: window.stop_tid,
         reason: window.reason,
         flags,
         reason_text_len: window.reason_text_len,
-        reason_text: window.reason_text,
-        stopping: window.stopping,
+        reason_text: if flags & PauseEvent::FLAG_REASON_TEXT != 0 {
+            window.reason_text
+        } else {
+            [0; REASON_TEXT_LEN]
+        },
+        stopping: if flags & PauseEvent::FLAG_STOPPING != 0 {
+            window.stopping
+        } else {
+            GoStopping::default()
+        },
     });
     entry.submit(SUBMIT_FLAGS);
     0

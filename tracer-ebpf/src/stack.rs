@@ -37,7 +37,9 @@ use tracer_common::{
     },
 };
 
-use crate::maps::{EVENTS, EVENTS_BYTES, SUBMIT_FLAGS, count, hit, ringbuf_full, traced};
+use crate::maps::{
+    EVENTS, EVENTS_BYTES, SUBMIT_FLAGS, count, hit, ringbuf_full, traced, traced_sample,
+};
 
 /// Unread bytes in `EVENTS` past which stack-growth events are shed.
 const STACK_EVENTS_MAX_UNREAD: u64 = EVENTS_BYTES as u64 / 2;
@@ -268,8 +270,7 @@ pub fn stack_sample(ctx: PerfEventContext) -> u32 {
 
 fn try_stack_sample(ctx: &PerfEventContext) -> Option<()> {
     let tgid = ctx.tgid();
-    let p = traced(tgid)?;
-    hit(tgid, Probe::CpuSample);
+    let p = traced_sample(tgid)?;
     let o = &p.offsets;
     // R14 is the current g in Go code (ABIInternal). Outside Go code it may
     // hold anything, and the reads below fail or do not match: not an error.

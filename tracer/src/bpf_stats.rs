@@ -91,6 +91,8 @@ pub fn program_costs(ebpf: &aya::Ebpf) -> Vec<ProgramCost> {
 pub struct SelfUsage {
     pub cpu_seconds: f64,
     pub rss_bytes: u64,
+    /// The largest resident set so far (`VmHWM`).
+    pub peak_rss_bytes: u64,
 }
 
 impl SelfUsage {
@@ -113,6 +115,10 @@ impl SelfUsage {
                 path: "/proc/self/status",
                 field: "VmRSS",
             })?,
+            peak_rss_bytes: status_kb(&status, "VmHWM:").ok_or(StatsError::Parse {
+                path: "/proc/self/status",
+                field: "VmHWM",
+            })?,
         })
     }
 }
@@ -131,12 +137,89 @@ pub fn cpu_ticks(stat: &str) -> Option<u64> {
 
 /// `VmRSS` of a `/proc/PID/status` text, in bytes.
 pub fn rss_bytes(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let mut words = line["VmRSS:".len()..].split_whitespace();
+    status_kb(status, "VmRSS:")
+}
+
+/// The `key` line (e.g. `VmHWM:`) of a `/proc/PID/status` text, in bytes.
+fn status_kb(status: &str, key: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    let mut words = line[key.len()..].split_whitespace();
     let n: u64 = words.next()?.parse().ok()?;
     match words.next() {
         Some("kB") => Some(n * 1024),
         _ => None,
+    }
+}
+
+/// What gostw cost so far: its programs' run counts and times (empty when
+/// statistics could not be enabled) and its own CPU and memory.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct CostReading {
+    /// BPF run-time statistics were on (`BPF_ENABLE_STATS`) while it ran.
+    pub stats_enabled: bool,
+    pub programs: Vec<ProgramCost>,
+    /// None when `/proc/self` could not be read.
+    pub usage: Option<SelfUsage>,
+}
+
+impl CostReading {
+    /// Run time of every program, summed, in ns.
+    pub fn bpf_ns(&self) -> u64 {
+        self.programs.iter().map(|p| p.run_ns).sum()
+    }
+}
+
+/// How often a `CostWatch` reads, at most: each reading is one syscall per
+/// program and two `/proc` reads, not worth doing on every engine tick.
+pub const COST_READ_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Holds BPF statistics on for as long as it lives and reads gostw's cost
+/// at most every `COST_READ_PERIOD` (or at once after `read_next_now`).
+#[derive(Debug)]
+pub struct CostWatch {
+    guard: Option<StatsGuard>,
+    last: Option<std::time::Instant>,
+}
+
+impl CostWatch {
+    /// Enable statistics; where that fails (not root, old kernel), say so
+    /// once and go on with CPU and memory alone.
+    pub fn start() -> CostWatch {
+        let guard = match enable() {
+            Ok(g) => Some(g),
+            Err(e) => {
+                log::warn!("{e}: the per-program BPF cost will not be reported");
+                None
+            }
+        };
+        CostWatch { guard, last: None }
+    }
+
+    /// The next `reading` reads, however recent the last one was.
+    pub fn read_next_now(&mut self) {
+        self.last = None;
+    }
+
+    /// The cost now, if `COST_READ_PERIOD` passed since the last reading.
+    pub fn reading(&mut self, ebpf: &aya::Ebpf) -> Option<CostReading> {
+        let now = std::time::Instant::now();
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < COST_READ_PERIOD)
+        {
+            return None;
+        }
+        self.last = Some(now);
+        let usage = SelfUsage::read().inspect_err(|e| log::debug!("{e}")).ok();
+        Some(CostReading {
+            stats_enabled: self.guard.is_some(),
+            programs: if self.guard.is_some() {
+                program_costs(ebpf)
+            } else {
+                Vec::new()
+            },
+            usage,
+        })
     }
 }
 
@@ -160,6 +243,7 @@ mod tests {
         assert_eq!(rss_bytes(status), Some(1234 * 1024));
         assert_eq!(rss_bytes("Name:\tx\n"), None);
         assert_eq!(rss_bytes("VmRSS:\t12 MB\n"), None);
+        assert_eq!(status_kb(status, "VmPeak:"), Some(20000 * 1024));
     }
 
     #[test]
@@ -173,6 +257,7 @@ mod tests {
         let u = SelfUsage::read().unwrap();
         assert!(u.cpu_seconds > 0.0, "{u:?}");
         assert!(u.rss_bytes > 1 << 20, "{u:?}");
+        assert!(u.peak_rss_bytes >= u.rss_bytes, "{u:?}");
     }
 
     #[test]

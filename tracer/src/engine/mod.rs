@@ -24,6 +24,7 @@ pub mod stream;
 
 use std::{
     collections::HashMap,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -51,6 +52,9 @@ use crate::{
 
 /// How often the loop looks at the target, the kernel's counts and time.
 const TICK: Duration = Duration::from_millis(50);
+
+/// How often the counts and health of a host target are read.
+const HOST_COUNTS_PERIOD: Duration = Duration::from_secs(1);
 
 /// Apply `changes` of a target: exit statuses, exited processes (their
 /// pauses and faults released first, then untraced), new processes traced.
@@ -152,6 +156,10 @@ pub struct Engine {
     throttle: ThrottleWatch,
     /// The traced processes' memory exposure (`attach`, `run`).
     exposure: Option<ExposureWatch>,
+    /// BPF statistics held on, and gostw's own cost read from time to time.
+    cost: crate::bpf_stats::CostWatch,
+    /// When a host target's counts were last read.
+    counted: Option<Instant>,
     out: Vec<Observed>,
 }
 
@@ -192,6 +200,8 @@ impl Engine {
             explain: opts.explain,
             throttle: ThrottleWatch::default(),
             exposure: None,
+            cost: crate::bpf_stats::CostWatch::start(),
+            counted: None,
             out: Vec::new(),
         })
     }
@@ -350,6 +360,7 @@ impl Engine {
     /// final counts out.
     pub fn finish(&mut self, sink: &mut dyn Sink) {
         self.drain();
+        self.cost.read_next_now();
         self.emit_health();
         let pids: Vec<u32> = self.tracker.pids();
         for pid in pids {
@@ -364,12 +375,24 @@ impl Engine {
     fn tick(&mut self, target: &mut Target, sink: &mut dyn Sink) -> anyhow::Result<()> {
         self.tracker.kernel().tick()?;
         self.poll_target(target, sink)?;
-        self.tracker.poll_counts(&mut self.out);
+        // Counts and health are map reads per process and per counter: for
+        // the host (the agent, scraped every few seconds) once a second is
+        // enough, and costs a twentieth.
+        let counts_due = target.single().is_some()
+            || self
+                .counted
+                .is_none_or(|t| t.elapsed() >= HOST_COUNTS_PERIOD);
+        if counts_due {
+            self.counted = Some(Instant::now());
+            self.tracker.poll_counts(&mut self.out);
+        }
         if self.stacks && target.single().is_some() {
             self.read_goroutines();
         }
         self.stream.settle(monotonic_ns(), &mut self.out);
-        self.emit_health();
+        if counts_due {
+            self.emit_health();
+        }
         self.deliver(sink);
         Ok(())
     }
@@ -462,6 +485,9 @@ impl Engine {
             user: self.stream.losses,
             correlator: self.stream.correlator_stats(),
         });
+        if let Some(c) = self.cost.reading(self.tracker.kernel().object().ebpf()) {
+            self.out.push(Observed::Cost(Arc::new(c)));
+        }
     }
 
     fn drain(&mut self) {

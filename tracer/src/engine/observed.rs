@@ -178,4 +178,7 @@ pub enum Observed {
         user: Losses,
         correlator: CorrelatorStats,
     },
+    /// gostw's own cost so far (its BPF programs, CPU, memory); cumulative,
+    /// at most once a second.
+    Cost(Arc<crate::bpf_stats::CostReading>),
 }

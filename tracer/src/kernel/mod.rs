@@ -20,6 +20,7 @@ pub mod object;
 pub mod stacks;
 pub mod teardown;
 
+use anyhow::Context as _;
 use std::{
     collections::{HashMap, HashSet},
     path::Path,
@@ -234,9 +235,11 @@ impl Core {
                     .object
                     .program::<UProbe>(name)?
                     .attach(offset, path, UProbeScope::AllProcesses)
-                    .map_err(|e| {
-                        anyhow::anyhow!(
-                            "attaching {name} to {} at file offset {offset:#x}: {e}",
+                    // Kept as the source: its errno decides whether a
+                    // retry can help (`tracker::is_transient`).
+                    .with_context(|| {
+                        format!(
+                            "attaching {name} to {} at file offset {offset:#x}",
                             path.display()
                         )
                     })?;
@@ -347,6 +350,7 @@ pub fn traced_process(binary: &GoBinary, offsets: &crate::binary::StructOffsets)
         },
         offsets: offsets.to_kernel(),
         explain,
+        cpu_samples: 0,
     }
 }
 
@@ -398,12 +402,16 @@ impl Kernel for Core {
                 .map_err(|e| failed(FailureReason::Analysis, e))?;
         }
         let links = self.attach_pause_probes(binary, path).map_err(|e| {
-            let reason = if gone(pid) {
-                FailureReason::ProcessGone
+            if gone(pid) {
+                failed(FailureReason::ProcessGone, format!("{e:#}"))
+            } else if crate::targets::tracker::is_transient(&e) {
+                AttachError::Transient {
+                    reason: FailureReason::Attach,
+                    message: format!("{e:#}"),
+                }
             } else {
-                FailureReason::Attach
-            };
-            failed(reason, format!("{e:#}"))
+                failed(FailureReason::Attach, format!("{e:#}"))
+            }
         })?;
         if let Some(o) = self.opts.stacks.filter(|o| o.mode == Mode::Exact) {
             match StackGrowthProbes::attach(&mut self.object, binary, path, o) {
@@ -446,7 +454,7 @@ impl Kernel for Core {
         if self.traced.is_empty() {
             self.first_traced();
         }
-        self.object.trace(pid, *traced)?;
+        self.object.trace(pid, *traced, self.opts.explain)?;
         if self.opts.explain {
             let stopped_probe = self.opts.stopping && traced.go_version >= STOPPING_SINCE;
             let sched = self.sched.is_some();

@@ -107,8 +107,19 @@ impl Object {
         &self.ebpf
     }
 
-    /// Add process `tgid` to the traced set.
-    pub fn trace(&mut self, tgid: u32, process: TracedProcess) -> anyhow::Result<()> {
+    /// Add process `tgid` to the traced set, with its closed pause window
+    /// (`explained`: its pauses are explained too).
+    pub fn trace(
+        &mut self,
+        tgid: u32,
+        process: TracedProcess,
+        explained: bool,
+    ) -> anyhow::Result<()> {
+        let mut windows: HashMap<_, u32, PauseWindow> =
+            HashMap::try_from(self.map_mut(map_names::PAUSE_WINDOWS)?)?;
+        windows
+            .insert(tgid, PauseWindow::closed(&process, explained), 0)
+            .with_context(|| format!("adding the pause window of pid {tgid}"))?;
         let mut traced: HashMap<_, u32, TracedProcess> =
             HashMap::try_from(self.map_mut(map_names::TRACED)?)?;
         traced
@@ -137,8 +148,27 @@ impl Object {
         Ok(())
     }
 
-    /// How many times `probe` fired in process `tgid`.
+    /// How many times `probe` fired in process `tgid`. The two probes that
+    /// fire most in a traced process count in the entry they read anyway:
+    /// stop entries in the pause window, CPU samples in the traced entry.
     pub fn probe_hits(&self, tgid: u32, probe: Probe) -> anyhow::Result<u64> {
+        let absent = |r: Result<u64, aya::maps::MapError>| match r {
+            Err(aya::maps::MapError::KeyNotFound) => Ok(0),
+            r => r.map_err(anyhow::Error::from),
+        };
+        match probe {
+            Probe::StopTheWorld => {
+                let windows: HashMap<_, u32, PauseWindow> =
+                    HashMap::try_from(self.map(map_names::PAUSE_WINDOWS)?)?;
+                return absent(windows.get(&tgid, 0).map(|w| w.entries));
+            }
+            Probe::CpuSample => {
+                let traced: HashMap<_, u32, TracedProcess> =
+                    HashMap::try_from(self.map(map_names::TRACED)?)?;
+                return absent(traced.get(&tgid, 0).map(|p| p.cpu_samples));
+            }
+            _ => {}
+        }
         let hits: PerCpuHashMap<_, ProbeHitKey, u64> =
             PerCpuHashMap::try_from(self.map(map_names::PROBE_HITS)?)?;
         let key = ProbeHitKey {

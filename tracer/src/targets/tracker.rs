@@ -8,6 +8,7 @@ use std::{
     collections::{HashMap, HashSet},
     path::Path,
     sync::Arc,
+    time::Duration,
 };
 
 use tracer_common::process::{Probe, TracedProcess};
@@ -45,7 +46,41 @@ pub enum AttachError {
         reason: FailureReason,
         message: String,
     },
+    /// A failure that may pass (the kernel was out of something for a
+    /// moment: `is_transient`): retried, a bounded number of times.
+    Transient {
+        reason: FailureReason,
+        message: String,
+    },
 }
+
+/// Errnos of a kernel call that say "not now" rather than "never": busy,
+/// interrupted, out of memory or of file descriptors for a moment (seen as
+/// `perf_event_open` failures while processes exec in bursts).
+const TRANSIENT_ERRNOS: [i32; 6] = [
+    libc::EAGAIN,
+    libc::EBUSY,
+    libc::EINTR,
+    libc::ENOMEM,
+    libc::EMFILE,
+    libc::ENFILE,
+];
+
+/// Whether `e` was caused by a kernel call that may succeed if tried again.
+pub fn is_transient(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+            .is_some_and(|n| TRANSIENT_ERRNOS.contains(&n))
+    })
+}
+
+/// Pauses before each new attempt of an attach that failed transiently.
+const ATTACH_RETRY_DELAYS: [Duration; 2] = [Duration::from_millis(10), Duration::from_millis(50)];
+
+/// Processes of one executable whose attach may fail transiently (each
+/// after every retry of `ATTACH_RETRY_DELAYS`) before it is rejected.
+const TRANSIENT_ROUNDS: u32 = 3;
 
 /// Why a process is not traced.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,6 +174,8 @@ pub struct Tracker<K: Kernel> {
     rejected: HashSet<ExeId>,
     /// Executables whose limit failure was logged already.
     limit_logged: HashSet<ExeId>,
+    /// Transient attach failures so far, per executable not yet attached.
+    transient: HashMap<ExeId, u32>,
 }
 
 impl<K: Kernel> Tracker<K> {
@@ -151,6 +188,7 @@ impl<K: Kernel> Tracker<K> {
             label_sets: HashMap::new(),
             rejected: HashSet::new(),
             limit_logged: HashSet::new(),
+            transient: HashMap::new(),
         }
     }
 
@@ -216,8 +254,17 @@ impl<K: Kernel> Tracker<K> {
                     format!("--max-executables {} reached", self.limits.max_executables),
                 ));
             }
-            match self.kernel.attach(p.pid, path) {
+            let mut attached = self.kernel.attach(p.pid, path);
+            for delay in ATTACH_RETRY_DELAYS {
+                if !matches!(attached, Err(AttachError::Transient { .. })) {
+                    break;
+                }
+                std::thread::sleep(delay);
+                attached = self.kernel.attach(p.pid, path);
+            }
+            match attached {
                 Ok(a) => {
+                    self.transient.remove(&p.exe);
                     log::info!(
                         "attached to {} ({}, build id {}) via pid {}",
                         p.exe_path.display(),
@@ -248,6 +295,32 @@ impl<K: Kernel> Tracker<K> {
                     // Not the executable's fault: the next process of it is tried.
                     out.push(Observed::AttachFailed(FailureReason::ProcessGone));
                     return Err(NotTraced::Failed(FailureReason::ProcessGone, message));
+                }
+                Err(AttachError::Transient { reason, message }) => {
+                    out.push(Observed::AttachFailed(reason));
+                    if self.transient.len() >= self.limits.max_rejected {
+                        self.transient.clear();
+                    }
+                    let rounds = self.transient.entry(p.exe).or_default();
+                    *rounds += 1;
+                    if *rounds >= TRANSIENT_ROUNDS {
+                        log::warn!(
+                            "cannot trace Go program {} (pid {}): {message}, {TRANSIENT_ROUNDS} times; \
+                             it will not be tried again",
+                            p.exe_path.display(),
+                            p.pid
+                        );
+                        self.transient.remove(&p.exe);
+                        self.reject(p.exe);
+                    } else {
+                        log::warn!(
+                            "cannot trace Go program {} (pid {}) for now: {message}; \
+                             its next process will be tried",
+                            p.exe_path.display(),
+                            p.pid
+                        );
+                    }
+                    return Err(NotTraced::Failed(reason, message));
                 }
                 Err(AttachError::Failed { reason, message }) => {
                     log::warn!(

@@ -18,6 +18,8 @@ pub struct FakeKernel {
     pub samples: HashMap<u32, CpuSamples>,
     pub next_probe: u32,
     pub fail_trace: bool,
+    /// Attaches still to fail transiently.
+    pub transient_failures: u32,
 }
 
 impl Kernel for FakeKernel {
@@ -32,6 +34,13 @@ impl Kernel for FakeKernel {
             return Err(AttachError::Failed {
                 reason: FailureReason::Analysis,
                 message: "runtime.stopTheWorldWithSema not found".into(),
+            });
+        }
+        if self.transient_failures > 0 {
+            self.transient_failures -= 1;
+            return Err(AttachError::Transient {
+                reason: FailureReason::Attach,
+                message: "perf_event_open failed: EMFILE".into(),
             });
         }
         if name.contains("gone") {
@@ -263,4 +272,55 @@ fn cpu_samples_are_counted_as_deltas_including_at_exit() {
         })
         .unwrap();
     assert!((seconds - 0.6).abs() < 1e-9, "{seconds}");
+}
+
+#[test]
+fn transient_attach_failures_are_retried_then_rejected() {
+    let mut m = MetricsSink::new(Arc::new(Metrics::new()));
+    let mut t = Tracker::new(
+        FakeKernel {
+            transient_failures: 2,
+            ..FakeKernel::default()
+        },
+        Limits::default(),
+    );
+    // Two failures, then the third attempt in place attaches.
+    start(&mut t, &proc(10, 1, "/srv/api"), &mut m);
+    assert_eq!(t.kernel.attaches.len(), 3);
+    assert_eq!(t.processes(), 1);
+    // One that never passes: three processes try, each three times, then
+    // the executable is rejected and a fourth is not tried.
+    t.kernel.transient_failures = u32::MAX;
+    for pid in 20..23 {
+        let mut out = Vec::new();
+        let r = t.started(
+            &proc(pid, 2, "/srv/worker"),
+            Path::new("/srv/worker"),
+            &mut out,
+        );
+        assert!(
+            matches!(r, Err(NotTraced::Failed(FailureReason::Attach, _))),
+            "{r:?}"
+        );
+    }
+    assert_eq!(t.kernel.attaches.len(), 3 + 9);
+    let mut out = Vec::new();
+    let r = t.started(
+        &proc(23, 2, "/srv/worker"),
+        Path::new("/srv/worker"),
+        &mut out,
+    );
+    assert_eq!(r, Err(NotTraced::Rejected));
+    assert_eq!(t.kernel.attaches.len(), 12);
+}
+
+#[test]
+fn only_errnos_that_pass_are_transient() {
+    let io =
+        |n| anyhow::Error::new(std::io::Error::from_raw_os_error(n)).context("perf_event_open");
+    assert!(is_transient(&io(libc::EMFILE)));
+    assert!(is_transient(&io(libc::EBUSY)));
+    assert!(!is_transient(&io(libc::EINVAL)));
+    assert!(!is_transient(&io(libc::EPERM)));
+    assert!(!is_transient(&anyhow::anyhow!("no such function")));
 }

@@ -28,7 +28,7 @@ const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
 /// Every process a test started, killed and reaped on drop (also when the
 /// test panics), and the scratch directory removed.
 pub struct Procs {
-    children: Vec<(String, Child)>,
+    pub children: Vec<(String, Child)>,
     dir: PathBuf,
 }
 
@@ -50,6 +50,11 @@ impl Procs {
         let pid = child.id();
         self.children.push((name.to_owned(), child));
         pid
+    }
+
+    /// The scratch directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Kill one process and wait for it.
@@ -89,7 +94,7 @@ pub fn free_port() -> u16 {
 }
 
 /// GET over loopback; (status, body). None when nothing listens yet.
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
@@ -913,7 +918,7 @@ fn prog_ids(pid: u32) -> std::collections::HashSet<u64> {
 
 /// `bpftool prog show` run counts of the programs of process `pid` named
 /// `names`, summed (other tools' programs on this host are not counted).
-fn run_counts(pid: u32, names: &[&str]) -> u64 {
+pub fn run_counts(pid: u32, names: &[&str]) -> u64 {
     let ids = prog_ids(pid);
     let out = Command::new("bpftool")
         .args(["prog", "show", "--json"])

@@ -7,6 +7,7 @@ mod scenario;
 mod support;
 
 mod agent;
+mod agent_cost;
 mod backend_agreement;
 mod binary_analysis;
 mod bpf_stats;

@@ -17,6 +17,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
+pub mod cost;
 pub mod explain;
 pub mod exposure;
 pub mod observe;
@@ -137,6 +138,8 @@ pub struct Metrics {
     pub build_info: Family<Vec<(&'static str, &'static str)>, Gauge<i64, AtomicI64>>,
     fault_backend: Family<Vec<(&'static str, &'static str)>, Gauge<i64, AtomicI64>>,
     pub exposure: exposure::ExposureMetrics,
+    /// The agent's own cost (`cost`).
+    pub cost: cost::CostMetrics,
 }
 
 impl Default for Metrics {
@@ -147,7 +150,9 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut r = Registry::with_prefix("gostw");
+        // Only the standard process series (`cost`) are outside `gostw_`.
+        let mut root = Registry::default();
+        let r = root.sub_registry_with_prefix("gostw");
         let m = Metrics {
             pause_duration: Histograms::new_with_constructor(seconds_histogram),
             pause_major_faults: Histograms::new_with_constructor(fault_count_histogram),
@@ -176,6 +181,7 @@ impl Metrics {
             build_info: Family::default(),
             fault_backend: Family::default(),
             exposure: Default::default(),
+            cost: cost::CostMetrics::default(),
             registry: Registry::default(),
         };
         r.register_with_unit(
@@ -232,7 +238,7 @@ impl Metrics {
             "Processes traced, by executable and container",
             m.processes.clone(),
         );
-        m.explain.register(&mut r);
+        m.explain.register(r);
         let a = r.sub_registry_with_prefix("agent");
         a.register(
             "processes_traced",
@@ -319,8 +325,13 @@ impl Metrics {
         for stage in EVENT_LOSS_STAGES {
             let _ = m.events_lost.get_or_create(&StageLabel { stage });
         }
-        m.exposure.register(&mut r);
-        Metrics { registry: r, ..m }
+        m.exposure.register(r);
+        m.cost.register_programs(r);
+        m.cost.register_process(&mut root);
+        Metrics {
+            registry: root,
+            ..m
+        }
     }
 
     /// The registry, for encoding.

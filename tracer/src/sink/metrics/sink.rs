@@ -210,6 +210,7 @@ impl Sink for MetricsSink {
                 m.exec_notifications
                     .inc_by(exec_notifications.saturating_sub(seen));
             }
+            Observed::Cost(c) => m.cost.observe(c),
             Observed::ExitStatus { .. }
             | Observed::CpuThrottling { .. }
             | Observed::StackSites { .. }

@@ -10,6 +10,7 @@
 pub mod exposure;
 pub mod faults;
 pub mod faults_text;
+pub mod health;
 pub mod pauses;
 pub mod text;
 
@@ -148,6 +149,9 @@ pub struct Summary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub advice: Option<Vec<crate::memory::Advice>>,
     pub lost: Lost,
+    /// What tracing cost gostw (absent in summaries of recorded streams).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<health::Health>,
 }
 
 /// Where and how live records are written.
@@ -237,6 +241,7 @@ pub struct ReportSink {
     counters: Vec<(Counter, u64)>,
     losses: Losses,
     correlator: CorrelatorStats,
+    cost: Option<Arc<crate::bpf_stats::CostReading>>,
     write_error: Option<std::io::Error>,
 }
 
@@ -259,6 +264,7 @@ impl ReportSink {
             counters: Vec::new(),
             losses: Losses::default(),
             correlator: CorrelatorStats::default(),
+            cost: None,
             write_error: None,
         }
     }
@@ -339,7 +345,7 @@ impl ReportSink {
                 elapsed_ns,
             )
         });
-        Summary {
+        let mut summary = Summary {
             kind: "summary",
             elapsed_ns,
             processes,
@@ -361,7 +367,13 @@ impl ReportSink {
                 user: self.losses,
                 correlator: self.correlator,
             },
-        }
+            health: None,
+        };
+        summary.health = self
+            .cost
+            .as_deref()
+            .map(|c| health::Health::of(c, summary.lost.total));
+        summary
     }
 
     /// Stack growth of the first traced process.
@@ -532,6 +544,7 @@ impl Sink for ReportSink {
                 self.throttling.insert(*pid, throttling.clone());
             }
             Observed::Exposure(r) => self.exposure.reading(r),
+            Observed::Cost(c) => self.cost = Some(c.clone()),
             Observed::Losses { user, correlator } => {
                 self.losses = *user;
                 self.correlator = *correlator;

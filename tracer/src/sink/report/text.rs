@@ -248,6 +248,9 @@ pub fn summary_text(s: &Summary) -> String {
             format!(" ({})", parts.join(", "))
         }
     );
+    if let Some(h) = &s.health {
+        let _ = write!(t, "\n{}", h.render_text(s.elapsed_ns));
+    }
     t
 }
 

@@ -1,0 +1,241 @@
+//! The agent's own cost, read from its own /metrics: the per-program BPF
+//! series agree with the kernel's counts (`bpftool`), and with 20 traced Go
+//! processes it stays within its budget (1% of a core, 40 MB resident).
+
+use std::{
+    io::Write as _,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::{
+    agent::{Procs, free_port, http_get, run_counts, sum_series, wait_until},
+    support::{build_workload, newest_go, require_root},
+};
+
+/// The release build of gostw (the budget is that of the binary users
+/// run; the test profile's is several times slower), built now.
+fn release_gostw() -> std::path::PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let status = Command::new(env!("CARGO"))
+        .current_dir(&root)
+        .args([
+            "build",
+            "--release",
+            "--package",
+            "tracer",
+            "--bin",
+            "gostw",
+        ])
+        .status()
+        .expect("running cargo build --release");
+    assert!(status.success(), "cargo build --release failed");
+    root.join("target/release/gostw")
+}
+
+/// Traced processes of the budget.
+const PROCESSES: usize = 20;
+/// The budget: a share of one core, and resident memory.
+const MAX_CPU_SHARE: f64 = 0.01;
+const MAX_RSS_BYTES: f64 = 40e6;
+
+fn metrics(port: u16) -> String {
+    let (status, body) = http_get(port, "/metrics").expect("scraping the agent");
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The value of the unlabelled series `name`.
+fn value(body: &str, name: &str) -> f64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{body}"))
+}
+
+fn promtool_check(body: &str) {
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running promtool (cargo xtask setup installs it)");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// 20 Go processes with a GC or two every second each, traced
+/// by one agent for a steady window: the agent's CPU share and resident
+/// memory, as its own metrics say, are within the budget; its BPF series
+/// count what the kernel counted for its programs; /metrics passes promtool.
+#[test]
+fn agent_with_20_processes_stays_within_its_budget() {
+    require_root();
+    let bin = build_workload("stw", &newest_go(), "", &[]);
+    let gostw = release_gostw();
+    let mut procs = Procs::new("agent-cost");
+    let port = free_port();
+    let matching = format!(
+        "^{}$",
+        regex::escape(&bin.canonicalize().unwrap().display().to_string())
+    );
+    // The agent as deployed: release build, default poll interval.
+    let log = procs.dir().join("agent.log");
+    let agent = procs.spawn(
+        "gostw agent",
+        Command::new(&gostw)
+            .args(["agent", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--match", &matching])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap()),
+    );
+    wait_until("the agent's /healthz", Duration::from_secs(30), || {
+        http_get(port, "/healthz").filter(|(s, _)| *s == 200)
+    });
+    let mut pids = Vec::new();
+    for i in 0..PROCESSES {
+        pids.push(
+            procs.spawn(
+                &format!("go {i}"),
+                Command::new(&bin)
+                    .args(["-duration", "60s", "-interval", "1s", "-alloc-mb", "8"])
+                    .args(["-live-mb", "4", "-gc", "1", "-readmemstats", "0"])
+                    .args(["-gomaxprocs", "0"])
+                    .env("GOMAXPROCS", "2")
+                    .stdout(Stdio::null()),
+            ),
+        );
+    }
+    wait_until(
+        "the agent to trace every process",
+        Duration::from_secs(30),
+        || {
+            let n = value(&metrics(port), "gostw_agent_processes_traced");
+            (n as usize == PROCESSES).then_some(())
+        },
+    );
+    // Past start-up (binary analysis, attach): a steady window.
+    std::thread::sleep(Duration::from_secs(5));
+    let (b0, t0) = (metrics(port), Instant::now());
+    std::thread::sleep(Duration::from_secs(30));
+    let (b1, t1) = (metrics(port), Instant::now());
+    promtool_check(&b1);
+    let secs = (t1 - t0).as_secs_f64();
+    let cpu =
+        (value(&b1, "process_cpu_seconds_total") - value(&b0, "process_cpu_seconds_total")) / secs;
+    let rss = value(&b1, "process_resident_memory_bytes");
+    let bpf = (sum_series(&b1, "gostw_bpf_program_run_seconds_total", &[])
+        - sum_series(&b0, "gostw_bpf_program_run_seconds_total", &[]))
+        / secs;
+    let pauses = sum_series(&b1, "gostw_stop_the_world_entries_total", &[])
+        - sum_series(&b0, "gostw_stop_the_world_entries_total", &[]);
+    eprintln!(
+        "agent with {PROCESSES} traced processes: {:.3}% of a core, RSS {:.1} MB, \
+         BPF programs {:.3}% of a core, {:.0} pauses/s",
+        100.0 * cpu,
+        rss / 1e6,
+        100.0 * bpf,
+        pauses / secs
+    );
+    let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    // The window saw real work: the budget is not met by tracing nothing.
+    assert!(
+        pauses / secs > 10.0,
+        "only {pauses} pauses in {secs:.0} s; agent log:\n{}",
+        agent_log()
+    );
+    assert!(
+        cpu > 0.0 && cpu <= MAX_CPU_SHARE,
+        "agent CPU {:.3}% of a core (budget {}%)",
+        100.0 * cpu,
+        100.0 * MAX_CPU_SHARE
+    );
+    assert!(
+        rss > 1e6 && rss <= MAX_RSS_BYTES,
+        "agent RSS {:.1} MB (budget {} MB)",
+        rss / 1e6,
+        MAX_RSS_BYTES / 1e6
+    );
+
+    // Once nothing is traced no pause probe runs: the series must then
+    // equal the kernel's own count of the agent's stw_stop program.
+    for pid in pids {
+        // SAFETY: plain kill(2) of our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    wait_until("the agent to untrace them", Duration::from_secs(30), || {
+        (value(&metrics(port), "gostw_agent_processes_traced") == 0.0).then_some(())
+    });
+    let kernel = run_counts(agent, &["stw_stop"]);
+    assert!(kernel > 0, "stw_stop never ran");
+    wait_until(
+        "gostw_bpf_program_runs_total to catch up",
+        Duration::from_secs(10),
+        || {
+            let series = sum_series(
+                &metrics(port),
+                "gostw_bpf_program_runs_total",
+                &["program=\"stw_stop\""],
+            );
+            (series as u64 == kernel).then_some(())
+        },
+    );
+}
+
+/// `gostw run --json`: the summary's health section lists the programs the
+/// kernel ran for it, with `stw_stop` run once per pause of the traced
+/// program (it is the only process of that binary), its own CPU and peak
+/// RSS, and the same loss total as `lost`.
+#[test]
+fn run_summary_reports_its_own_cost() {
+    require_root();
+    let bin = build_workload("stw", &newest_go(), "", &[]);
+    let out = Command::new(env!("CARGO_BIN_EXE_gostw"))
+        .args(["run", "--json", "--"])
+        .arg(&bin)
+        .args(["-gc", "5", "-alloc-mb", "64"])
+        .output()
+        .expect("running gostw run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary: serde_json::Value = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["type"] == "summary")
+        .unwrap_or_else(|| panic!("no summary in:\n{stdout}"));
+    let h = &summary["health"];
+    assert_eq!(h["bpf_stats_enabled"], true, "{h}");
+    let pauses = summary["processes"][0]["pauses"].as_u64().unwrap();
+    assert!(pauses >= 10, "{pauses} pauses");
+    let stop = h["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["program"] == "stw_stop")
+        .unwrap_or_else(|| panic!("no stw_stop in {h}"));
+    assert_eq!(stop["runs"].as_u64(), Some(pauses), "{h}");
+    assert!(
+        stop["ns_per_run"].as_f64().is_some_and(|ns| ns > 0.0),
+        "{h}"
+    );
+    assert!(h["bpf_ns"].as_u64().unwrap() >= stop["run_ns"].as_u64().unwrap());
+    assert!(h["cpu_ns"].as_u64().unwrap() > 0, "{h}");
+    assert!(h["peak_rss_bytes"].as_u64().unwrap() > 1 << 20, "{h}");
+    assert_eq!(h["events_lost"], summary["lost"]["total"], "{h}");
+}
