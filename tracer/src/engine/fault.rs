@@ -217,7 +217,7 @@ pub struct PauseFaultStats {
     /// By the phase they began in, where the pause's phases are known
     /// (`engine::explain`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub by_phase: Option<Box<super::explain::PhaseFaults>>,
+    pub by_phase: Option<Box<PhaseFaults>>,
 }
 
 /// How many sites a pause record lists.
@@ -243,6 +243,16 @@ impl PauseFaultStats {
         }
         s
     }
+}
+
+/// Major faults of a pause by the phase they began in.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PhaseFaults {
+    pub stopping: FaultTotals,
+    pub stopped: FaultTotals,
+    /// After the stopping thread began handing Ps back: these threads ran
+    /// again and did not lengthen the pause.
+    pub restarting: FaultTotals,
 }
 
 #[cfg(test)]

@@ -7,16 +7,19 @@
 //!
 //! - `event`: decoding raw records; `reader`: the async ring-buffer reader.
 //! - `pause`, `fault`: what a pause and a fault are; `caller`: who asked;
-//!   `explain`, `breakdown`: why it took as long as it did.
+//!   `explain`, `breakdown`, `laggard`: why it took as long as it did.
 //! - `correlate`: which faults belong to which pause (the one rule).
-//! - `stream`: the pure pipeline; `observed`: what it produces.
+//! - `stream`: the pure pipeline; `observed`: what it produces;
+//!   `annotate`: what the `/proc` watches (throttling, exposure) add to it.
 
+pub mod annotate;
 pub mod breakdown;
 pub mod caller;
 pub mod correlate;
 pub mod event;
 pub mod explain;
 pub mod fault;
+pub mod laggard;
 pub mod observed;
 pub mod pause;
 pub mod reader;
@@ -502,10 +505,10 @@ impl Engine {
 
     fn deliver(&mut self, sink: &mut dyn Sink) {
         if self.explain {
-            self.throttle.annotate(&mut self.out);
+            annotate::throttling(&mut self.throttle, &mut self.out);
         }
         if let Some(w) = &mut self.exposure {
-            w.annotate(&mut self.out);
+            annotate::exposure(w, &mut self.out);
         }
         sink.observe_all(&self.out);
         self.out.clear();

@@ -132,7 +132,7 @@ pub struct PauseRecord {
     /// The threads that kept the world from stopping, longest first
     /// (`engine::explain`), when pauses are explained.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub laggards: Option<Vec<super::explain::LaggardRecord>>,
+    pub laggards: Option<Vec<super::laggard::LaggardRecord>>,
     /// The pause's duration in named parts (`engine::breakdown`), where the
     /// stopping phase and the scheduler data are known.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -147,7 +147,7 @@ pub struct PauseRecord {
     /// What the kernel gathered to explain the pause, until the correlator
     /// releases it (`explain::complete`).
     #[serde(skip)]
-    pub explain_input: Option<Box<super::explain::ExplainInput>>,
+    pub explain_input: Option<Box<super::laggard::ExplainInput>>,
 }
 
 impl PauseRecord {

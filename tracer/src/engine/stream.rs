@@ -13,8 +13,8 @@ use super::{
     caller,
     correlate::{Correlator, CorrelatorStats},
     event::{Event, Losses},
-    explain::{ExplainInput, RawLaggard},
     fault::Fault,
+    laggard::{ExplainInput, RawLaggard},
     observed::{Observed, ProcessInfo},
     pause::{self, WallClock},
 };

@@ -17,10 +17,7 @@ use std::{
 };
 
 use super::{Executable, Exposure, HostSwap, HostSwapDelta, ReadOptions};
-use crate::{
-    engine::observed::{Observed, ProcessInfo},
-    image::{ExeId, ExecutableImage},
-};
+use crate::image::{ExeId, ExecutableImage};
 
 /// How soon a process not yet running its executable is tried again.
 const RETRY: Duration = Duration::from_millis(100);
@@ -95,30 +92,9 @@ impl ExposureWatch {
         }
     }
 
-    /// Follow the processes `out` starts, start the reads that are due, add
-    /// the readings that came in, and add each ended process's last reading
-    /// just before its `Exited`.
-    pub fn annotate(&mut self, out: &mut Vec<Observed>) {
-        let mut i = 0;
-        while i < out.len() {
-            match &out[i] {
-                Observed::Started(info) => self.started(info),
-                &Observed::Exited { pid, .. } => {
-                    if let Some(r) = self.ended(pid) {
-                        out.insert(i, exposure(r));
-                        i += 1;
-                    }
-                }
-                _ => {}
-            }
-            i += 1;
-        }
-        self.collect(out);
-        self.refresh();
-    }
-
-    fn started(&mut self, info: &ProcessInfo) {
-        let Some(image) = info.image.clone() else {
+    /// Process `pid`, running `image`, is traced from now on.
+    pub fn started(&mut self, pid: u32, image: Option<Arc<ExecutableImage>>) {
+        let Some(image) = image else {
             return;
         };
         if self.host_start.is_none() {
@@ -126,7 +102,7 @@ impl ExposureWatch {
         }
         let exe = self.executables.get(&image.id).cloned();
         self.processes.insert(
-            info.pid,
+            pid,
             Watched {
                 image,
                 exe,
@@ -139,7 +115,8 @@ impl ExposureWatch {
     }
 
     /// Readings that finished since the last call.
-    fn collect(&mut self, out: &mut Vec<Observed>) {
+    pub fn collect(&mut self) -> Vec<ExposureReading> {
+        let mut out = Vec::new();
         while let Ok((mut r, exe)) = self.rx.try_recv() {
             let Some(w) = self.processes.get_mut(&r.pid) else {
                 continue;
@@ -165,14 +142,15 @@ impl ExposureWatch {
             if r.exposure.is_ok() || w.last.is_none() {
                 w.last = Some(r.clone());
             }
-            out.push(exposure(r));
+            out.push(r);
         }
+        out
     }
 
     /// Start a read in a thread of its own for the process most overdue,
     /// one at a time: reads of many processes (the agent) follow each other
     /// instead of taking every CPU at once.
-    fn refresh(&mut self) {
+    pub fn refresh(&mut self) {
         let now = Instant::now();
         if self.processes.values().any(|w| w.in_flight) {
             return;
@@ -216,7 +194,7 @@ impl ExposureWatch {
 
     /// Process `pid`'s trace ends: read it now if it lives, else its last
     /// refresh; with the host's swap traffic since the trace began.
-    fn ended(&mut self, pid: u32) -> Option<ExposureReading> {
+    pub fn ended(&mut self, pid: u32) -> Option<ExposureReading> {
         let w = self.processes.remove(&pid)?;
         if !self.processes.values().any(|o| o.image.id == w.image.id) {
             self.executables.remove(&w.image.id);
@@ -250,10 +228,6 @@ impl ExposureWatch {
         };
         Some(r)
     }
-}
-
-fn exposure(r: ExposureReading) -> Observed {
-    Observed::Exposure(Arc::new(r))
 }
 
 /// The executable of `pid`, once the process runs `image`'s file.

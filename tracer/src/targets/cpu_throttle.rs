@@ -112,28 +112,6 @@ impl ThrottleWatch {
     }
 }
 
-impl ThrottleWatch {
-    /// Follow the processes `out` starts, and add what their cgroup was
-    /// throttled just before the `Exited` of those it ends.
-    pub fn annotate(&mut self, out: &mut Vec<crate::engine::observed::Observed>) {
-        use crate::engine::observed::Observed;
-        let mut i = 0;
-        while i < out.len() {
-            match &out[i] {
-                Observed::Started(info) => self.started(info.pid),
-                &Observed::Exited { pid, .. } => {
-                    if let Some(throttling) = self.ended(pid) {
-                        out.insert(i, Observed::CpuThrottling { pid, throttling });
-                        i += 1;
-                    }
-                }
-                _ => {}
-            }
-            i += 1;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

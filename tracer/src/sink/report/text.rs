@@ -257,7 +257,7 @@ pub fn summary_text(s: &Summary) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{explain::PhaseFaults, fault::FaultTotals};
+    use crate::engine::fault::{FaultTotals, PhaseFaults};
 
     #[test]
     fn a_pause_line_splits_its_faults_by_phase() {

@@ -1,0 +1,74 @@
+//! What the kernel gathered about the threads that kept a pause from
+//! stopping, and how a pause record lists them (`explain` fills them in).
+
+use serde::Serialize;
+use tracer_common::explain::{LaggardState, OffCpu, StopperTime};
+
+use crate::image::Frame;
+
+/// A laggard as the kernel saw it, its frames symbolized.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawLaggard {
+    pub tid: u32,
+    /// `Laggard::*` bits.
+    pub flags: u32,
+    pub last_out_ns: u64,
+    pub out_state: LaggardState,
+    pub off: OffCpu,
+    /// Off the CPU before it was followed (`Laggard::unseen_off_ns`).
+    pub unseen_off_ns: u64,
+    /// The stopping thread's stopping-phase off-CPU time at its last
+    /// switch-out.
+    pub stopper_off_at_out: OffCpu,
+    pub goid: u64,
+    /// Its goroutine's saved stack when it left the thread, else the
+    /// thread's user stack at its last switch-out.
+    pub frames: Vec<Frame>,
+}
+
+/// What the kernel gathered for one pause (`PauseDetail`), for
+/// `complete`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExplainInput {
+    /// The scheduler programs were attached (the off-CPU times are whole).
+    pub sched: bool,
+    pub restart_ns: Option<u64>,
+    pub stopper: StopperTime,
+    pub laggards: Vec<RawLaggard>,
+    pub laggards_dropped: u32,
+}
+
+/// How a laggard spent the time until it stopped, by its largest part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LaggardStateName {
+    /// Running code that reached no safe point.
+    OnCpu,
+    /// Blocked in a major page fault.
+    Fault,
+    /// Waiting for a CPU (preempted, throttled).
+    Runnable,
+    /// Asleep otherwise (a syscall that kept its P, a lock).
+    Blocked,
+}
+
+/// A thread that kept the world from stopping, in a pause record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LaggardRecord {
+    pub tid: u32,
+    pub state: LaggardStateName,
+    /// From the pause's start until it stopped (its last switch-out, at
+    /// most the end of stopping).
+    pub ns: u64,
+    pub on_cpu_ns: u64,
+    pub fault_ns: u64,
+    pub runnable_ns: u64,
+    pub blocked_ns: u64,
+    /// It was running a goroutine when the stop began (from the M list).
+    pub running_goroutine: bool,
+    /// That goroutine's id, if read.
+    pub goid: Option<u64>,
+    /// What it was running, innermost first: its goroutine's stack where it
+    /// stopped, the faulting code for `fault`, else its user stack.
+    pub frames: Vec<Frame>,
+}
