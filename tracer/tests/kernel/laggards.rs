@@ -109,7 +109,18 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
         for p in &waited {
             assert!(names_spinner(p), "Go {v}: laggard not named: {p}");
             let l = &p["laggards"][0];
-            assert_eq!(l["state"], "on_cpu", "Go {v}: {p}");
+            // The spinner runs without a safe point; on a loaded 2-core
+            // host it also waits for a CPU between its runs, and that part
+            // can be the larger (the state names the largest).
+            assert!(
+                l["state"] == "on_cpu" || l["state"] == "runnable",
+                "Go {v}: {p}"
+            );
+            assert!(
+                (ns(&l["on_cpu_ns"]) + ns(&l["runnable_ns"])) * 2 >= ns(&l["ns"]),
+                "Go {v}: the spinner neither ran nor waited to run: {p}"
+            );
+            assert!(ns(&l["on_cpu_ns"]) > 0, "Go {v}: never on a CPU: {p}");
             assert_eq!(l["running_goroutine"], true, "Go {v}: {p}");
         }
         let explained = slow
