@@ -235,7 +235,8 @@ fn pauses_of_a_throttled_cgroup_are_time_waiting_to_run() {
         .arg(&procs)
         .arg(&path)
         .args(["-gc", "5", "-readmemstats", "2", "-gomaxprocs", "2"])
-        .args(["-alloc-mb", "64", "-duration", "4s"])
+        // Long enough for several pauses to meet a throttled period.
+        .args(["-alloc-mb", "64", "-duration", "10s"])
         .env("GOMAXPROCS", "2")
         .stdout(Stdio::null())
         .spawn()
@@ -289,10 +290,16 @@ fn pauses_of_a_throttled_cgroup_are_time_waiting_to_run() {
     );
     assert!(ns(&c["throttled_ns"]) > 0, "{c}");
     assert!(
-        !slow.is_empty(),
-        "no pause of 5 ms or more under a 20% quota"
+        slow.len() >= 3,
+        "only {} pauses of 5 ms or more under a 20% quota",
+        slow.len()
     );
-    for p in slow {
+    // The stopping thread can also sleep inside a throttled pause (on a
+    // lock or a wake-up from a thread that is itself throttled): that time
+    // is `blocked`, and gostw does not tie a sleep to the throttling of
+    // the thread it waited for. Most slow pauses must be waiting to run.
+    let mut waiting_pauses = Vec::new();
+    for p in &slow {
         let b = &p["breakdown"];
         let waiting = ns(&b["stopping_runnable_ns"]) + ns(&b["off_cpu_runnable_ns"]);
         eprintln!(
@@ -301,9 +308,15 @@ fn pauses_of_a_throttled_cgroup_are_time_waiting_to_run() {
             ns(&p["duration_ns"]) / 1000,
             waiting / 1000
         );
-        assert!(
-            waiting * 10 >= ns(&p["duration_ns"]) * 8,
-            "a slow pause not explained by waiting to run: {p}"
-        );
+        if waiting * 10 >= ns(&p["duration_ns"]) * 8 {
+            waiting_pauses.push(p);
+        }
     }
+    assert!(
+        waiting_pauses.len() * 10 >= slow.len() * 8,
+        "only {} of {} pauses of 5 ms or more were at least 80% waiting to run: {:?}",
+        waiting_pauses.len(),
+        slow.len(),
+        slow.iter().map(|p| &p["breakdown"]).collect::<Vec<_>>()
+    );
 }
