@@ -50,6 +50,9 @@ const MAX_WALK: u64 = 4 << 20;
 /// within a millisecond: sparser reads miss its peak.
 const MIN_PAUSE: Duration = Duration::from_micros(200);
 const MAX_PAUSE: Duration = Duration::from_secs(2);
+/// Pause after an incomplete sample: pages in swap stay there a while, and
+/// asking again every millisecond would only spend CPU.
+const INCOMPLETE_PAUSE: Duration = Duration::from_millis(50);
 /// `_Gdead`, and the `_Gscan` bit (runtime2.go, 1.19-1.27).
 const G_DEAD: u32 = 6;
 const G_SCAN: u32 = 0x1000;
@@ -228,7 +231,12 @@ impl Target {
                 return;
             };
             self.take(shared, s);
-            std::thread::sleep((started.elapsed() * 20).clamp(MIN_PAUSE, MAX_PAUSE));
+            let pause = (started.elapsed() * 20).clamp(MIN_PAUSE, MAX_PAUSE);
+            std::thread::sleep(if s.absent_pages > 0 {
+                pause.max(INCOMPLETE_PAUSE)
+            } else {
+                pause
+            });
         }
     }
 
