@@ -15,6 +15,12 @@ const FILE: u64 = 1 << 61;
 /// Page is mapped by this process only.
 const EXCLUSIVE: u64 = 1 << 56;
 
+/// Whether a pagemap entry's page is in memory (reading it faults nothing
+/// in: neither from swap nor from disk).
+pub fn is_present(entry: u64) -> bool {
+    entry & PRESENT != 0
+}
+
 /// Resident and swapped pages of an address range.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PageCounts {
@@ -48,6 +54,7 @@ pub trait PageSource {
 }
 
 /// An open `/proc/PID/pagemap`.
+#[derive(Debug)]
 pub struct Pagemap {
     file: File,
     page_size: u64,

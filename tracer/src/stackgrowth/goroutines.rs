@@ -14,6 +14,11 @@
 //! stripped binaries, from `runtime.allgadd`'s code (`GoBinary::allglen`).
 //! Where none of that can be found the count is unknown: goroutines seen
 //! growing over a run are not goroutines alive at once.
+//!
+//! Only pages in memory are read (`resident`, from `/proc/PID/pagemap`):
+//! reading a page in swap would swap it back in, and a paged-out process
+//! would be changed by its observer. A sample that had to leave pages
+//! unread is incomplete: it is counted, not taken into the peak.
 
 use std::{
     fs::File,
@@ -25,6 +30,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use super::resident::Resident;
 use crate::image::ProcessImage;
 
 /// Where the count in a summary came from: the peak of goroutines alive,
@@ -44,6 +50,9 @@ const MAX_WALK: u64 = 4 << 20;
 /// within a millisecond: sparser reads miss its peak.
 const MIN_PAUSE: Duration = Duration::from_micros(200);
 const MAX_PAUSE: Duration = Duration::from_secs(2);
+/// Pause after an incomplete sample: pages in swap stay there a while, and
+/// asking again every millisecond would only spend CPU.
+const INCOMPLETE_PAUSE: Duration = Duration::from_millis(50);
 /// `_Gdead`, and the `_Gscan` bit (runtime2.go, 1.19-1.27).
 const G_DEAD: u32 = 6;
 const G_SCAN: u32 = 0x1000;
@@ -69,6 +78,7 @@ impl GoroutineWatch {
         let target = Target {
             pid: process.pid,
             mem: File::open(format!("/proc/{}/mem", process.pid)).ok()?,
+            resident: Resident::open(process.pid).ok()?,
             allglen: process.runtime_address(found.address)?,
             allgs_len: found.allgs_len.and_then(|a| process.runtime_address(a)),
             allgs: found.allgs_len.and_then(|a| process.runtime_address(a - 8)),
@@ -78,31 +88,90 @@ impl GoroutineWatch {
                 .and_then(|o| o.get("g.atomicstatus"))
                 .map(u64::from),
         };
+        let shared = Arc::new(Shared::default());
         // The first count before returning, so a caller gets one at once.
-        let first = target.count()?;
-        let peak = Arc::new(AtomicU64::new(first));
+        target.take(&shared, target.count()?);
         let stop = Arc::new(AtomicBool::new(false));
-        let (p, st) = (peak.clone(), stop.clone());
+        let (sh, st) = (shared.clone(), stop.clone());
         std::thread::Builder::new()
             .name("gostw-goroutines".into())
-            .spawn(move || target.sample(&p, &st))
+            .spawn(move || target.sample(&sh, &st))
             .ok()?;
         Some(GoroutineWatch {
-            sampler: Sampler { peak, stop },
+            sampler: Sampler { shared, stop },
         })
     }
 
-    /// The peak so far.
+    /// The peak so far, of complete samples only (None before the first).
     pub fn peak(&self) -> Option<u64> {
-        let n = self.sampler.peak.load(Ordering::Relaxed);
+        let n = self.sampler.shared.peak.load(Ordering::Relaxed);
         (n > 0).then_some(n)
+    }
+
+    /// Samples left incomplete so far, because pages they needed were not
+    /// in memory (and were not read).
+    pub fn skipped(&self) -> Skipped {
+        let s = &self.sampler.shared;
+        Skipped {
+            samples: s.incomplete.load(Ordering::Relaxed),
+            pages: s.absent_pages.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Samples a watch left incomplete rather than read pages not in memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Skipped {
+    /// Samples not taken into the peak.
+    pub samples: u64,
+    /// Pages left unread over those samples (a page can count in several).
+    pub pages: u64,
+}
+
+/// One walk of `allgs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Sample {
+    /// Goroutines seen alive (a lower bound where pages were left unread).
+    alive: u64,
+    /// Pages not in memory the walk did not read: 0 for a complete count.
+    absent_pages: u64,
+}
+
+impl Sample {
+    fn merge(self, absent_pages: u64) -> Sample {
+        Sample {
+            alive: self.alive,
+            absent_pages: self.absent_pages + absent_pages,
+        }
+    }
+}
+
+/// What the sampling thread shares with the watch.
+#[derive(Debug, Default)]
+struct Shared {
+    peak: AtomicU64,
+    incomplete: AtomicU64,
+    absent_pages: AtomicU64,
+}
+
+impl Shared {
+    /// Take a sample: into the peak if complete, else into the skipped.
+    /// The incomplete samples so far (0 while all are complete).
+    fn add(&self, s: Sample) -> u64 {
+        if s.absent_pages == 0 {
+            self.peak.fetch_max(s.alive, Ordering::Relaxed);
+            return self.incomplete.load(Ordering::Relaxed);
+        }
+        self.absent_pages
+            .fetch_add(s.absent_pages, Ordering::Relaxed);
+        self.incomplete.fetch_add(1, Ordering::Relaxed) + 1
     }
 }
 
 /// The sampling thread's shared state.
 #[derive(Debug)]
 struct Sampler {
-    peak: Arc<AtomicU64>,
+    shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
 }
 
@@ -119,6 +188,7 @@ impl Drop for Sampler {
 struct Target {
     pid: u32,
     mem: File,
+    resident: Resident,
     allglen: u64,
     allgs_len: Option<u64>,
     allgs: Option<u64>,
@@ -128,32 +198,59 @@ struct Target {
 impl Target {
     /// Goroutines alive now (`allglen` without `g.atomicstatus`); `None`
     /// when the process cannot be read (any more).
-    fn count(&self) -> Option<u64> {
-        let allglen = self.allglen()?;
+    fn count(&self) -> Option<Sample> {
         let (Some(allgs), Some(status)) = (self.allgs, self.status) else {
-            return Some(allglen);
+            return self.allglen();
         };
-        if allglen > MAX_WALK {
+        // The slice header (array, len) in memory, or no walk.
+        let absent = self.resident.presence(&[allgs], 16).ok()?.absent_pages;
+        if absent > 0 {
+            return Some(Sample {
+                alive: 0,
+                absent_pages: absent,
+            });
+        }
+        let allglen = self.allglen()?;
+        if allglen.absent_pages > 0 || allglen.alive > MAX_WALK {
             return Some(allglen);
         }
         // A failed walk is no sample (the process is exiting, say): allglen
         // would put the cached dead g's into the peak (103 for a server of
         // 37), not stand in for the count.
-        let alive = self.live(allgs, allglen, status)?;
+        let alive = self.live(allgs, allglen.alive, status)?;
         // The statuses were read by pid: make sure it is still this process.
         self.read(self.allglen)?;
         Some(alive)
     }
 
     /// Count until told to stop or the process is gone, keeping the peak.
-    fn sample(&self, peak: &AtomicU64, stop: &AtomicBool) {
+    fn sample(&self, shared: &Shared, stop: &AtomicBool) {
         while !stop.load(Ordering::Relaxed) {
             let started = Instant::now();
-            let Some(n) = self.count() else {
+            let Some(s) = self.count() else {
                 return;
             };
-            peak.fetch_max(n, Ordering::Relaxed);
-            std::thread::sleep((started.elapsed() * 20).clamp(MIN_PAUSE, MAX_PAUSE));
+            self.take(shared, s);
+            let pause = (started.elapsed() * 20).clamp(MIN_PAUSE, MAX_PAUSE);
+            std::thread::sleep(if s.absent_pages > 0 {
+                pause.max(INCOMPLETE_PAUSE)
+            } else {
+                pause
+            });
+        }
+    }
+
+    /// Take a sample, saying so the first time one is incomplete.
+    fn take(&self, shared: &Shared, s: Sample) {
+        let incomplete = shared.add(s);
+        if s.absent_pages > 0 && incomplete == 1 {
+            log::warn!(
+                "pid {}: goroutine count incomplete: {} page(s) not in memory left \
+                 unread (reading them would swap them in); incomplete samples are \
+                 left out of the peak",
+                self.pid,
+                s.absent_pages
+            );
         }
     }
 
@@ -164,16 +261,28 @@ impl Target {
     }
 
     /// `runtime.allglen`, checked against `len(allgs)` where known.
-    fn allglen(&self) -> Option<u64> {
+    fn allglen(&self) -> Option<Sample> {
+        let vars = [self.allglen, self.allgs_len.unwrap_or(self.allglen)];
+        let absent = self.resident.presence(&vars, 8).ok()?.absent_pages;
+        if absent > 0 {
+            return Some(Sample {
+                alive: 0,
+                absent_pages: absent,
+            });
+        }
         for _ in 0..ATTEMPTS {
             let n = self.read(self.allglen)?;
             // A garbage read (wrong bias) is not a goroutine count.
             if n == 0 || n >= 1 << 32 {
                 return None;
             }
+            let counted = Sample {
+                alive: n,
+                absent_pages: 0,
+            };
             match self.allgs_len {
-                None => return Some(n),
-                Some(len_at) if self.read(len_at)? == n => return Some(n),
+                None => return Some(counted),
+                Some(len_at) if self.read(len_at)? == n => return Some(counted),
                 Some(_) => {}
             }
         }
@@ -181,18 +290,57 @@ impl Target {
     }
 
     /// Goroutines not dead among the first `n` entries of the slice whose
-    /// header is at `allgs`, with `g.atomicstatus` at `status`.
-    fn live(&self, allgs: u64, n: u64, status: u64) -> Option<u64> {
+    /// header is at `allgs`, with `g.atomicstatus` at `status`; of those
+    /// on pages in memory only (the array's and each `g`'s).
+    fn live(&self, allgs: u64, n: u64, status: u64) -> Option<Sample> {
         let array = self.read(allgs)?;
-        let mut bytes = vec![0u8; usize::try_from(n).ok()? * 8];
-        self.mem.read_exact_at(&mut bytes, array).ok()?;
-        let gs: Vec<u64> = bytes
-            .chunks_exact(8)
-            .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+        let slots: Vec<u64> = (0..n).map(|i| array.wrapping_add(8 * i)).collect();
+        let in_memory = self.resident.presence(&slots, 8).ok()?;
+        let mut gs = vec![0u64; slots.len()];
+        for run in runs(&in_memory.readable) {
+            let mut bytes = vec![0u8; run.len() * 8];
+            self.mem.read_exact_at(&mut bytes, slots[run.start]).ok()?;
+            for (g, w) in gs[run].iter_mut().zip(bytes.chunks_exact(8)) {
+                *g = u64::from_le_bytes(w.try_into().unwrap_or_default());
+            }
+        }
+        // Entries left unread (0) are neither read nor looked up.
+        gs.retain(|&g| g != 0);
+        let fields: Vec<u64> = gs.iter().map(|g| g.wrapping_add(status)).collect();
+        let g_memory = self.resident.presence(&fields, 4).ok()?;
+        let readable: Vec<u64> = gs
+            .iter()
+            .zip(&g_memory.readable)
+            .filter(|&(_, &ok)| ok)
+            .map(|(&g, _)| g)
             .collect();
-        let statuses = read_u32s(self.pid, &gs, status)?;
-        Some(statuses.iter().filter(|&&s| is_alive(s)).count() as u64)
+        let statuses = read_u32s(self.pid, &readable, status)?;
+        let alive = statuses.iter().filter(|&&s| is_alive(s)).count() as u64;
+        Some(
+            Sample {
+                alive,
+                absent_pages: in_memory.absent_pages,
+            }
+            .merge(g_memory.absent_pages),
+        )
     }
+}
+
+/// The runs of consecutive `true`s, as index ranges.
+fn runs(flags: &[bool]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, &f) in flags.iter().chain([&false]).enumerate() {
+        match (f, start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                out.push(s..i);
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 /// A status that is neither dead nor just allocated (`_Gidle`).
@@ -263,6 +411,35 @@ mod tests {
         assert!(!is_alive(G_DEAD));
         assert!(!is_alive(G_DEAD | G_SCAN));
         assert!(!is_alive(0));
+    }
+
+    #[test]
+    fn runs_of_readable_entries() {
+        assert_eq!(runs(&[]), Vec::<std::ops::Range<usize>>::new());
+        assert_eq!(runs(&[true, true, false, true]), [0..2, 3..4]);
+        assert_eq!(runs(&[false, true, true, false, true]), [1..3, 4..5]);
+    }
+
+    #[test]
+    fn incomplete_samples_are_counted_not_taken_into_the_peak() {
+        let s = Shared::default();
+        s.add(Sample {
+            alive: 40,
+            absent_pages: 0,
+        });
+        // Fewer seen because pages were left unread: not a lower peak,
+        // nor a higher one.
+        s.add(Sample {
+            alive: 12,
+            absent_pages: 3,
+        });
+        s.add(Sample {
+            alive: 90,
+            absent_pages: 1,
+        });
+        assert_eq!(s.peak.load(Ordering::Relaxed), 40);
+        assert_eq!(s.incomplete.load(Ordering::Relaxed), 2);
+        assert_eq!(s.absent_pages.load(Ordering::Relaxed), 4);
     }
 
     #[test]

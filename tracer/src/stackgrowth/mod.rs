@@ -7,12 +7,14 @@
 //! - `recommend`: the starting-stack recommendation.
 //! - `symbolize`: what aggregation needs of code (the process image's frames
 //!   and frame sizes, from `image::frames`).
-//! - `goroutines`: the peak goroutine count of a live process.
+//! - `goroutines`: the peak goroutine count of a live process, read only
+//!   where `resident` (its pagemap) says the pages are in memory.
 
 pub mod aggregate;
 pub mod goroutines;
 pub mod recommend;
 mod render;
+pub mod resident;
 pub mod symbolize;
 
 pub use aggregate::{SiteSummary, StackGrowthAggregator, StackGrowthSummary};

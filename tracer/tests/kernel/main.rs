@@ -14,6 +14,7 @@ mod bpf_stats;
 mod callers;
 mod faults;
 mod formats;
+mod goroutine_residency;
 mod laggards;
 mod live_lines;
 mod memory;
