@@ -95,9 +95,8 @@ fn attach_summary_of_a_pageout_carries_swap_advice_citing_its_numbers() {
     let mut workload = GcSwap::start(&path, ARGS, &[], |pid| cgroup.add(pid));
     let pid = workload.pid;
     let host_before = HostSwap::snapshot().unwrap();
-    // Stack growth off: its goroutine count walks every `g` of the process
-    // (`stackgrowth::goroutines`), which reads them back from swap while
-    // the workload is frozen, and the smaps comparison would race it.
+    // Stack growth off: this test is about exposure alone (the goroutine
+    // count reads no page in swap: `goroutine_residency`).
     let (gostw, _stderr) = attach(pid, &["--exposure-every", "500ms", "--stacks", "off"]);
     for _ in 0..3 {
         swap_out(pid, &cgroup);
