@@ -6,11 +6,14 @@
 //! `startTheWorldWithSema`, after Go took its end time. The scheduler
 //! programs of `explain_sched` fill in the rest while the window is open.
 
-use core::intrinsics::{AtomicOrdering, atomic_xadd};
+use core::{
+    ffi::c_void,
+    intrinsics::{AtomicOrdering, atomic_xadd},
+};
 
 use aya_ebpf::{
     bindings::BPF_RB_NO_WAKEUP,
-    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_loop},
     macros::map,
     maps::{Array, HashMap, LruHashMap, StackTrace},
 };
@@ -183,35 +186,74 @@ fn fp_walk<const N: usize>(mut bp: u64, lo: u64, hi: u64, out: &mut [u64; N], n:
 #[inline(always)]
 pub fn walk_ms(d: &mut PauseDetail, p: &TracedProcess, tgid: u32, since: u64) {
     d.ms_walked = 0;
-    let (o, x) = (&p.offsets, &p.explain);
-    if d.allm == 0 || x.m_alllink == GoOffsets::UNKNOWN {
+    if d.allm == 0 || p.explain.m_alllink == GoOffsets::UNKNOWN {
         return;
     }
-    let Some(mut m) = read::<u64>(d.allm) else {
+    let Some(m) = read::<u64>(d.allm) else {
         count(Counter::ReadUserFailed);
         return;
     };
-    for _ in 0..MAX_MS {
-        if m == 0 {
-            break;
-        }
-        d.ms_walked += 1;
-        let curg = field(m, o.m_curg).unwrap_or(0);
-        // Without m.p, a goroutine on the M is the sign it runs.
-        let holds_p = if x.m_p == GoOffsets::UNKNOWN {
-            curg != 0
-        } else {
-            field(m, x.m_p).is_some_and(|pp| pp != 0)
-        };
-        // The stopping thread's own M is the one with its tid.
-        if holds_p
-            && let Some(procid) = field(m, o.m_procid)
-            && procid as u32 != d.stop_tid
-        {
-            add_candidate(d, procid as u32, m, curg, tgid, since);
-        }
-        m = field(m, x.m_alllink).unwrap_or(0);
+    let mut w = MsWalk {
+        d,
+        p,
+        tgid,
+        since,
+        m,
+    };
+    // Through `bpf_loop`: the verifier checks `ms_step` once, where a
+    // bounded loop around the candidates' loop made it explore every
+    // iteration of both (about 0.5 s of verification at each start).
+    // SAFETY: `ms_step` reads `w` as the `MsWalk` it is, on this stack.
+    unsafe {
+        bpf_loop(
+            MAX_MS as u32,
+            ms_step as *mut c_void,
+            (&mut w as *mut MsWalk).cast(),
+            0,
+        )
+    };
+}
+
+/// The state of `walk_ms` that `ms_step` carries from one M to the next.
+#[repr(C)]
+struct MsWalk {
+    d: *mut PauseDetail,
+    p: *const TracedProcess,
+    tgid: u32,
+    since: u64,
+    /// The M to look at next (0: the list's end).
+    m: u64,
+}
+
+/// One M of `walk_ms` (a `bpf_loop` callback): 0 goes on, 1 stops.
+#[inline(never)]
+extern "C" fn ms_step(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: the `MsWalk` of `walk_ms`, alive for the whole loop; its
+    // pointers are a map value of this process and its traced entry.
+    let w = unsafe { &mut *ctx.cast::<MsWalk>() };
+    let (d, p) = unsafe { (&mut *w.d, &*w.p) };
+    let m = w.m;
+    if m == 0 {
+        return 1;
     }
+    let (o, x) = (&p.offsets, &p.explain);
+    d.ms_walked += 1;
+    let curg = field(m, o.m_curg).unwrap_or(0);
+    // Without m.p, a goroutine on the M is the sign it runs.
+    let holds_p = if x.m_p == GoOffsets::UNKNOWN {
+        curg != 0
+    } else {
+        field(m, x.m_p).is_some_and(|pp| pp != 0)
+    };
+    // The stopping thread's own M is the one with its tid.
+    if holds_p
+        && let Some(procid) = field(m, o.m_procid)
+        && procid as u32 != d.stop_tid
+    {
+        add_candidate(d, procid as u32, m, curg, w.tgid, w.since);
+    }
+    w.m = field(m, x.m_alllink).unwrap_or(0);
+    0
 }
 
 #[inline(always)]
