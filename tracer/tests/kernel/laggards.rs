@@ -68,11 +68,16 @@ fn spin(go: &GoToolchain, spinners: u32) -> Vec<Value> {
     records(&stdout, "pause")
 }
 
-/// Whether a pause's top laggard ran `main.spinner`.
+/// Whether a pause's top laggard ran the spinner: `main.spinner` or the
+/// loop it calls, `main.spinLoop`. A thread's user stack taken while it
+/// runs that loop, a leaf without a frame of its own, skips its caller:
+/// the frame pointer still points at `main.spinner`'s frame, whose return
+/// address is the next one read.
 fn names_spinner(p: &Value) -> bool {
-    p["laggards"]
-        .get(0)
-        .is_some_and(|l| functions(&l["frames"]).contains(&"main.spinner"))
+    p["laggards"].get(0).is_some_and(|l| {
+        let f = functions(&l["frames"]);
+        f.contains(&"main.spinner") || f.contains(&"main.spinLoop")
+    })
 }
 
 #[test]
