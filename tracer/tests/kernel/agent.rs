@@ -351,26 +351,7 @@ fn agent_exports_go_processes_to_prometheus() {
     // /metrics in the Prometheus text format passes promtool's checks.
     let (status, body) = http_get(agent_port, "/metrics").unwrap();
     assert_eq!(status, 200);
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("running promtool");
-    promtool
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(body.as_bytes())
-        .unwrap();
-    let out = promtool.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}\n{body}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    promtool_check(&body);
     check_memory_series(&body, &newest, new_pid);
 
     // The newest Go's process exits: its series go stale, the gauge drops.
@@ -1070,5 +1051,29 @@ fn check_memory_series(body: &str, go: &GoToolchain, pid: u32) {
     assert!(
         resident * 2 >= rss && resident <= peak + peak / 10,
         "resident classes {resident} vs VmRSS {rss}, VmHWM {peak}: {series:?}"
+    );
+}
+
+/// `promtool check metrics` passes on `body` (the Prometheus text format).
+pub fn promtool_check(body: &str) {
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running promtool (cargo xtask setup installs it)");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -3,13 +3,12 @@
 //! processes it stays within its budget (1% of a core, 40 MB resident).
 
 use std::{
-    io::Write as _,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use crate::{
-    agent::{Procs, free_port, http_get, run_counts, sum_series, wait_until},
+    agent::{Procs, free_port, http_get, promtool_check, run_counts, sum_series, wait_until},
     support::{build_workload, newest_go, require_root},
 };
 
@@ -51,29 +50,6 @@ fn value(body: &str, name: &str) -> f64 {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no {name} in /metrics:\n{body}"))
-}
-
-fn promtool_check(body: &str) {
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("running promtool (cargo xtask setup installs it)");
-    promtool
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(body.as_bytes())
-        .unwrap();
-    let out = promtool.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// 20 Go processes with a GC or two every second each, traced
