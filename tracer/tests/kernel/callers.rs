@@ -9,8 +9,8 @@ use std::process::{Command, Stdio};
 use serde_json::Value;
 
 use crate::support::{
-    STW_ARGS, STW_GOMAXPROCS, STW_READ_MEM_STATS, build_workload, go_matrix, newest_go,
-    require_root,
+    STW_ARGS, STW_GOMAXPROCS, STW_READ_MEM_STATS, build_workload, go_matrix, json_records,
+    newest_go, require_root,
 };
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
@@ -34,20 +34,8 @@ fn run(go: &crate::support::GoToolchain, extra: &[&str]) -> (Vec<Value>, Value) 
         go.version,
         String::from_utf8_lossy(&out.stderr)
     );
-    let records: Vec<Value> = stdout
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).expect("gostw JSON"))
-        .collect();
-    let summary = records
-        .iter()
-        .find(|r| r["type"] == "summary")
-        .expect("no summary")
-        .clone();
-    let pauses = records
-        .into_iter()
-        .filter(|r| r["type"] == "pause")
-        .collect();
+    let summary = json_records(&stdout, "summary").pop().expect("no summary");
+    let pauses = json_records(&stdout, "pause");
     (pauses, summary)
 }
 

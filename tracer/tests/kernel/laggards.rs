@@ -16,25 +16,14 @@ use std::{
 
 use serde_json::Value;
 
-use crate::support::{GoToolchain, build_workload, go_matrix, newest_go, require_root};
+use crate::support::{
+    GoToolchain, build_workload, go_matrix, json_records, newest_go, ns, require_root,
+};
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
 const MS: u64 = 1_000_000;
 
 /// The JSON lines gostw printed, by type.
-fn records(stdout: &str, kind: &str) -> Vec<Value> {
-    stdout
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str::<Value>(l).expect("gostw JSON"))
-        .filter(|v| v["type"] == kind)
-        .collect()
-}
-
-fn ns(v: &Value) -> u64 {
-    v.as_u64().unwrap_or(0)
-}
-
 fn functions(frames: &Value) -> Vec<&str> {
     frames
         .as_array()
@@ -65,7 +54,7 @@ fn spin(go: &GoToolchain, spinners: u32) -> Vec<Value> {
         go.version,
         String::from_utf8_lossy(&out.stderr)
     );
-    records(&stdout, "pause")
+    json_records(&stdout, "pause")
 }
 
 /// Whether a pause's top laggard ran the spinner: `main.spinner` or the
@@ -269,7 +258,7 @@ fn pauses_of_a_throttled_cgroup_are_time_waiting_to_run() {
     );
     assert!(workload.wait().unwrap().success());
     let throttled = cg.throttled();
-    let pauses = records(&stdout, "pause");
+    let pauses = json_records(&stdout, "pause");
     let slow: Vec<&Value> = pauses
         .iter()
         .filter(|p| ns(&p["duration_ns"]) >= 5 * MS)
@@ -281,7 +270,7 @@ fn pauses_of_a_throttled_cgroup_are_time_waiting_to_run() {
     );
     assert!(throttled > 0, "the cgroup was never throttled");
     // The summary carries the cgroup's own counters as evidence.
-    let summary = records(&stdout, "summary");
+    let summary = json_records(&stdout, "summary");
     let c = &summary[0]["processes"][0]["cpu_throttling"];
     assert!(
         c["cgroup"]

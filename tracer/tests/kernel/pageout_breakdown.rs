@@ -9,14 +9,10 @@ use serde_json::Value;
 use crate::{
     faults::{ARGS, ENV, start_gostw},
     scenario::{GcSwap, MemCgroup, SwapFile, swap_out},
-    support::{build_workload, newest_go, require_root},
+    support::{build_workload, json_records, newest_go, ns, require_root},
 };
 
 const MS: u64 = 1_000_000;
-
-fn ns(v: &Value) -> u64 {
-    v.as_u64().unwrap_or(0)
-}
 
 #[test]
 fn pageout_pauses_are_explained_by_faults_by_phase() {
@@ -43,11 +39,7 @@ fn pageout_pauses_are_explained_by_faults_by_phase() {
         "gostw attach failed: {:?}",
         out.status
     );
-    let pauses: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .filter(|v| v["type"] == "pause")
-        .collect();
+    let pauses = json_records(&String::from_utf8_lossy(&out.stdout), "pause");
     let slow: Vec<&Value> = pauses
         .iter()
         .filter(|p| ns(&p["duration_ns"]) >= MS && ns(&p["faults"]["all"]["faults"]) > 0)

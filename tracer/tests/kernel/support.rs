@@ -202,6 +202,24 @@ pub struct StwReport {
     pub pause_total_ns: u64,
 }
 
+/// gostw's JSON records of type `kind` (`pause`, `summary`, ...) in its
+/// stdout; other lines (the workload's own) are skipped.
+pub fn json_records(stdout: &str, kind: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l}"))
+        })
+        .filter(|v| v["type"] == kind)
+        .collect()
+}
+
+/// A JSON number of nanoseconds (0 when absent or null).
+pub fn ns(v: &serde_json::Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
 /// Find and parse the `GOSTW_REPORT {json}` line of a workload's output.
 pub fn parse_report<T: for<'de> Deserialize<'de>>(stdout: &str) -> T {
     let line = stdout
