@@ -31,6 +31,7 @@ mod mapped;
 mod moduledata;
 pub mod offsets;
 pub mod pclntab;
+mod probe_point;
 mod rets;
 pub mod running;
 mod section;
@@ -125,6 +126,11 @@ pub struct GoFunction {
     pub size: u64,
     /// Offset of the entry in the file (what uprobes take).
     pub file_offset: u64,
+    /// File offset an entry probe goes on: the prologue's stack-bound
+    /// branch, where the kernel emulates the instruction (one trap), when
+    /// the prologue is Go's usual one, else `file_offset` (see
+    /// `probe_point`).
+    pub entry_probe_offset: u64,
     /// File offsets of every RET instruction inside the function.
     pub ret_file_offsets: Vec<u64>,
     pub source: FunctionSource,
@@ -386,12 +392,15 @@ impl GoBinary {
             .into_iter()
             .map(|off| file_offset + off)
             .collect();
+        let entry_probe_offset =
+            file_offset + probe_point::entry_probe_offset(self.arch, address, code);
         self.image.release_all();
         Ok(GoFunction {
             name: name.to_owned(),
             address,
             size,
             file_offset,
+            entry_probe_offset,
             ret_file_offsets,
             source,
         })

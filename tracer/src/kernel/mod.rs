@@ -224,7 +224,7 @@ impl Core {
         let mut links = Vec::new();
         let result = (|| {
             let stop = binary.function(STOP_THE_WORLD)?;
-            let mut offsets = vec![(STW_STOP, stop.file_offset)];
+            let mut offsets = vec![(STW_STOP, stop.entry_probe_offset)];
             if self.opts.stopping && binary.version.code() >= STOPPING_SINCE {
                 offsets.extend(stop.ret_file_offsets.iter().map(|&o| (STW_STOPPED, o)));
             }

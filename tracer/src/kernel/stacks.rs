@@ -109,7 +109,7 @@ impl StackGrowthProbes {
         opts: StackGrowthOptions,
     ) -> anyhow::Result<StackGrowthProbes> {
         let copystack_offset = match opts.mode {
-            Mode::Exact => binary.function(COPYSTACK)?.file_offset,
+            Mode::Exact => binary.function(COPYSTACK)?.entry_probe_offset,
             Mode::Sampled => 0,
         };
         Self::start(programs, path.to_owned(), copystack_offset, opts)

@@ -314,9 +314,18 @@ fn nm(b: &Build) -> HashMap<String, u64> {
 /// Functions whose RETs are checked against `go tool objdump`.
 const RET_CHECKED: &[&str] = &[START_THE_WORLD, STOP_THE_WORLD, COPYSTACK];
 
-/// `go tool objdump`: addresses of the RET instructions of each of
-/// `RET_CHECKED` (one run per binary).
-fn objdump_rets(b: &Build) -> HashMap<String, Vec<u64>> {
+/// What `go tool objdump` shows of one function: its RETs, and the JBE
+/// (jbe) that ends its prologue's stack check, if one of its first three
+/// instructions is one.
+#[derive(Default)]
+struct Disassembled {
+    rets: Vec<u64>,
+    prologue_branch: Option<u64>,
+    seen: usize,
+}
+
+/// `go tool objdump` of each of `RET_CHECKED` (one run per binary).
+fn objdump_rets(b: &Build) -> HashMap<String, Disassembled> {
     let pattern = format!(
         "^({})$",
         RET_CHECKED
@@ -325,7 +334,7 @@ fn objdump_rets(b: &Build) -> HashMap<String, Vec<u64>> {
             .collect::<Vec<_>>()
             .join("|")
     );
-    let mut out: HashMap<String, Vec<u64>> = HashMap::new();
+    let mut out: HashMap<String, Disassembled> = HashMap::new();
     let mut current = String::new();
     for l in go_tool(
         &b.go,
@@ -340,9 +349,16 @@ fn objdump_rets(b: &Build) -> HashMap<String, Vec<u64>> {
             continue;
         }
         let f: Vec<&str> = l.split_whitespace().collect();
-        if f.len() >= 4 && f[3] == "RET" {
+        if f.len() >= 4 && f[1].starts_with("0x") {
             let addr = u64::from_str_radix(f[1].trim_start_matches("0x"), 16).unwrap();
-            out.entry(current.clone()).or_default().push(addr);
+            let d = out.entry(current.clone()).or_default();
+            d.seen += 1;
+            if f[3] == "RET" {
+                d.rets.push(addr);
+            }
+            if matches!(f[3], "JBE" | "JLS") && d.seen <= 3 && d.prologue_branch.is_none() {
+                d.prologue_branch = Some(addr);
+            }
         }
     }
     out
@@ -446,6 +462,7 @@ fn entries_and_rets_match_the_go_toolchain() {
         for &name in RET_CHECKED.iter().filter(|_| b.spec.twin.is_none()) {
             let f = bin.function(name).unwrap();
             let want: Vec<u64> = rets[name]
+                .rets
                 .iter()
                 .copied()
                 .map(|vaddr| bin.file_offset(vaddr).unwrap())
@@ -456,6 +473,25 @@ fn entries_and_rets_match_the_go_toolchain() {
                 b.label()
             );
             assert_eq!(f.ret_file_offsets, want, "{}: {name} RETs", b.label());
+            // The entry probe sits on the prologue's stack-check branch
+            // (emulated by the kernel: one trap) on amd64, at the entry
+            // elsewhere.
+            let branch = rets[name].prologue_branch;
+            let want_probe = match bin.arch {
+                Arch::Amd64 => {
+                    let vaddr = branch.unwrap_or_else(|| {
+                        panic!("{}: no stack-check JBE in {name}'s prologue", b.label())
+                    });
+                    bin.file_offset(vaddr).unwrap()
+                }
+                Arch::Arm64 => f.file_offset,
+            };
+            assert_eq!(
+                f.entry_probe_offset,
+                want_probe,
+                "{}: {name} entry probe",
+                b.label()
+            );
             // The file really holds a RET there.
             let data = std::fs::read(&b.path).unwrap();
             for &off in &f.ret_file_offsets {

@@ -1,0 +1,101 @@
+//! Where an entry uprobe costs least. The kernel runs the instruction under
+//! a uprobe either by emulating it (relative jumps and calls, conditional
+//! jumps, NOPs, PUSH: one trap) or by single-stepping a copy of it (a second
+//! trap). Single-stepping costs about 9 us more per hit on these VMs (README,
+//! "Cost"). A Go function's prologue checks the stack bound and branches to
+//! `morestack`:
+//!
+//! ```text
+//! [lea r12, [rsp - frame]]   (frames larger than the guard's slack)
+//! cmp  rsp|r12, [r14 + stackguard]
+//! jbe  morestack
+//! ```
+//!
+//! The branch sees every register as the entry did, apart from R12 (a
+//! scratch register: no argument lives in it) and the flags, so a probe on
+//! it reads the same arguments (AX...), g (R14), SP and BP as one on the
+//! first byte, with one trap instead of two.
+
+use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Register};
+
+use super::Arch;
+
+/// Offset from the function's start of the instruction an entry probe goes
+/// on: its prologue's stack-bound branch when the prologue is the one above,
+/// else 0 (the entry itself).
+pub fn entry_probe_offset(arch: Arch, address: u64, code: &[u8]) -> u64 {
+    if arch != Arch::Amd64 {
+        return 0;
+    }
+    let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+    let mut insn = Instruction::default();
+    let mut next = || {
+        decoder.can_decode().then(|| {
+            decoder.decode_out(&mut insn);
+            insn
+        })
+    };
+    let Some(mut first) = next() else { return 0 };
+    let mut bound = Register::RSP;
+    if first.code() == Code::Lea_r64_m
+        && first.op0_register() == Register::R12
+        && first.memory_base() == Register::RSP
+        && first.memory_index() == Register::None
+    {
+        bound = Register::R12;
+        let Some(i) = next() else { return 0 };
+        first = i;
+    }
+    let is_guard_check = first.code() == Code::Cmp_r64_rm64
+        && first.op0_register() == bound
+        && first.memory_base() == Register::R14
+        && first.memory_index() == Register::None;
+    if !is_guard_check {
+        return 0;
+    }
+    match next() {
+        Some(branch) if matches!(branch.code(), Code::Jbe_rel8_64 | Code::Jbe_rel32_64) => {
+            branch.ip() - address
+        }
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_frame_prologue_probes_the_branch() {
+        // cmp rsp, [r14+0x10]; jbe +0x266; sub rsp, 0x60 (Go 1.19)
+        let code = [
+            0x49, 0x3b, 0x66, 0x10, 0x0f, 0x86, 0x60, 0x02, 0x00, 0x00, 0x48, 0x83, 0xec, 0x60,
+        ];
+        assert_eq!(entry_probe_offset(Arch::Amd64, 0x43aa00, &code), 4);
+    }
+
+    #[test]
+    fn large_frame_prologue_probes_the_branch() {
+        // lea r12, [rsp-0x18]; cmp r12, [r14+0x18]; jbe ...; push rbp (Go 1.26)
+        let code = [
+            0x4c, 0x8d, 0x64, 0x24, 0xe8, 0x4d, 0x3b, 0x66, 0x18, 0x0f, 0x86, 0x1e, 0x04, 0x00,
+            0x00, 0x55,
+        ];
+        assert_eq!(entry_probe_offset(Arch::Amd64, 0x44fa00, &code), 9);
+    }
+
+    #[test]
+    fn anything_else_probes_the_entry() {
+        // sub rsp, 0x48; mov [rsp+0x20], rdi (no stack check: nosplit, or not Go)
+        let code = [0x48, 0x83, 0xec, 0x48, 0x48, 0x89, 0x7c, 0x24, 0x20];
+        assert_eq!(entry_probe_offset(Arch::Amd64, 0x1000, &code), 0);
+        // cmp rsp, [r14+0x10] followed by something other than jbe
+        let code = [0x49, 0x3b, 0x66, 0x10, 0x90];
+        assert_eq!(entry_probe_offset(Arch::Amd64, 0x1000, &code), 0);
+        // a guard check against another base register
+        let code = [0x48, 0x3b, 0x66, 0x10, 0x76, 0x10];
+        assert_eq!(entry_probe_offset(Arch::Amd64, 0x1000, &code), 0);
+        assert_eq!(entry_probe_offset(Arch::Arm64, 0x1000, &code), 0);
+        assert_eq!(entry_probe_offset(Arch::Amd64, 0x1000, &[]), 0);
+    }
+}
