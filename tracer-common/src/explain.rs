@@ -205,10 +205,14 @@ pub struct PauseDetail {
     pub ncandidates: u32,
     pub ms_walked: u32,
     pub candidates: [Candidate; CANDIDATES],
-    /// The runtime address of `runtime.allm` (0: unknown), for those walks;
-    /// `stopper_g` is not read (0); walks made so far (0: none yet).
+    /// The runtime address of `runtime.allm` (0: unknown), for those walks,
+    /// set at each stop's entry from the link-time addresses of
+    /// `runtime.allm` and `stopTheWorldWithSema` user space gives (kept
+    /// across pauses: the entry probe needs no `TRACED` lookup); walks made
+    /// so far (0: none yet).
     pub allm: u64,
-    pub stopper_g: u64,
+    pub allm_link: u64,
+    pub stop_the_world_link: u64,
     pub rewalked: u32,
     pub _pad2: u32,
 }
@@ -222,7 +226,7 @@ assert_size!(
         + LAGGARDS * (80 + 8 * LAGGARD_FRAMES)
         + 8
         + 24 * CANDIDATES
-        + 24
+        + 32
 );
 
 /// A zeroed laggard.
@@ -298,7 +302,8 @@ impl PauseDetail {
             g: 0,
         }; CANDIDATES],
         allm: 0,
-        stopper_g: 0,
+        allm_link: 0,
+        stop_the_world_link: 0,
         rewalked: 0,
         _pad2: 0,
     };

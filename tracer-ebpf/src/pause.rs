@@ -42,8 +42,8 @@ pub static PAUSE_WINDOWS: HashMap<u32, PauseWindow> = HashMap::with_max_entries(
 ///
 /// It runs every few milliseconds in a busy process, so every map it
 /// touches is a cache miss (~0.5-1 us each here): one lookup, the window,
-/// written in place. `TRACED` is read only where the reason is a string
-/// (Go 1.19/1.20) or the pause is explained.
+/// written in place (and the detail when the pause is explained). `TRACED`
+/// is read only where the reason is a string (Go 1.19/1.20).
 #[uprobe]
 pub fn stw_stop(ctx: ProbeContext) -> u32 {
     let tgid = ctx.tgid();
@@ -66,13 +66,9 @@ pub fn stw_stop(ctx: ProbeContext) -> u32 {
     w.flags = 0;
     w.reason_text_len = 0;
     w.reason = (regs.rax & 0xff) as u32;
-    if w.setup & (PauseWindow::SETUP_REASON_FROM_PREEMPTOFF | PauseWindow::SETUP_EXPLAINED) == 0 {
-        return 0;
-    }
-    let Some(process) = traced(tgid) else {
-        return 0;
-    };
-    if w.setup & PauseWindow::SETUP_REASON_FROM_PREEMPTOFF != 0 {
+    if w.setup & PauseWindow::SETUP_REASON_FROM_PREEMPTOFF != 0
+        && let Some(process) = traced(tgid)
+    {
         w.reason = REASON_FROM_TEXT;
         w.flags |= PauseEvent::FLAG_REASON_TEXT;
         if read_preemptoff(regs.r14, &process.offsets, w).is_err() {
@@ -81,7 +77,7 @@ pub fn stw_stop(ctx: ProbeContext) -> u32 {
         }
     }
     if w.setup & PauseWindow::SETUP_EXPLAINED != 0 {
-        explain::opened(tgid, w.stop_tid, stop_ts_ns, regs.rbp, regs.rip, process);
+        explain::opened(tgid, w.stop_tid, stop_ts_ns, regs.rbp, regs.rip);
     }
     0
 }

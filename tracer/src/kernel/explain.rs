@@ -11,6 +11,7 @@ use aya::{
 use tracer_common::{
     explain::{PauseDetail, SCHED_PROGRAMS},
     map_names,
+    process::ExplainRuntime,
 };
 
 use super::{faults::ensure_tracefs, object::Object};
@@ -21,6 +22,7 @@ use super::{faults::ensure_tracefs, object::Object};
 pub fn watch(
     object: &mut Object,
     tgid: u32,
+    runtime: &ExplainRuntime,
     stopped_probe: bool,
     sched: bool,
     task: Option<TaskOffsets>,
@@ -28,6 +30,8 @@ pub fn watch(
     let mut details: HashMap<_, u32, PauseDetail> =
         HashMap::try_from(object.map_mut(map_names::PAUSE_DETAILS)?)?;
     let mut d = PauseDetail::ZERO;
+    d.allm_link = runtime.allm;
+    d.stop_the_world_link = runtime.stop_the_world;
     if stopped_probe {
         d.config |= PauseDetail::STOPPED_PROBE;
     }

@@ -461,6 +461,7 @@ impl Kernel for Core {
             explain::watch(
                 &mut self.object,
                 pid,
+                &traced.explain,
                 stopped_probe,
                 sched,
                 self.task_offsets,

@@ -28,7 +28,7 @@ fn bpf_ns(r: &RunResult, trap: &Trap) -> f64 {
         .iter()
         .map(|p| {
             let traps = if p.prog_type == PROG_TYPE_KPROBE {
-                p.runs as f64 * trap.ns()
+                p.runs as f64 * trap.ns(&p.name)
             } else {
                 0.0
             };
@@ -85,14 +85,23 @@ pub fn print(
          the workload itself; medians [min-max]; ratios of medians (> 1: slower)",
         o.gomaxprocs
     );
+    for (kind, t) in [
+        ("single-stepped", &trap.stepped),
+        ("emulated (on a branch)", &trap.emulated),
+    ] {
+        println!(
+            "uprobe trap beyond its program, {kind}, per hit (median call of {} runs): {:.1} us \
+             cold (the empty program {:.0} ns), {:.1} us hot ({:.0} ns)",
+            t.runs,
+            t.cold_ns / 1e3,
+            t.cold_prog_ns,
+            t.hot_ns / 1e3,
+            t.hot_prog_ns
+        );
+    }
     println!(
-        "uprobe trap beyond its program, per hit (median call of {} runs): {:.1} us cold \
-         (the empty program {:.0} ns), {:.1} us hot ({:.0} ns); estimates below add the cold one",
-        trap.runs,
-        trap.cold_ns / 1e3,
-        trap.cold_prog_ns,
-        trap.hot_ns / 1e3,
-        trap.hot_prog_ns
+        "estimates below add the cold trap of each program's kind: emulated for gostw's entry \
+         probes (stw_stop, stack_copy), single-stepped for its RET probes and bpftrace's"
     );
     for (w, workload) in workloads.iter().enumerate() {
         let of = |f: &dyn Fn(&Tracer) -> bool| {

@@ -414,8 +414,16 @@ fn read_gostw_summary(r: &mut RunResult) -> anyhow::Result<()> {
 /// The cost of one uprobe hit beyond its BPF program, with warm caches (a
 /// tight loop of calls) and cold ones (each call after a sweep over a
 /// buffer larger than L2, as a probe that fires every few milliseconds in a
-/// busy program finds them).
+/// busy program finds them); for a probed instruction the kernel
+/// single-steps (most: a function's first instruction, a RET) and for one
+/// it emulates (a branch, as gostw's entry probes use).
 pub struct Trap {
+    pub stepped: TrapCost,
+    pub emulated: TrapCost,
+}
+
+/// One kind of uprobe hit, beyond its program.
+pub struct TrapCost {
     pub hot_ns: f64,
     pub cold_ns: f64,
     /// The (empty) program's own time per hit, hot and cold.
@@ -424,11 +432,21 @@ pub struct Trap {
     pub runs: usize,
 }
 
+/// gostw's programs that sit on a Go prologue's stack-check branch (a JBE
+/// the kernel emulates) on amd64; every other uprobe (gostw's RET probes,
+/// bpftrace's function entries) is single-stepped. gostw's binary analysis
+/// test checks that it finds that branch in every build of the matrix.
+const ON_BRANCH: &[&str] = &["stw_stop", "stack_copy"];
+
 impl Trap {
-    /// The figure cost estimates use: the cold one (gostw's uprobes fire
-    /// at most a few hundred times a second).
-    pub fn ns(&self) -> f64 {
-        self.cold_ns
+    /// The figure cost estimates use for a hit of program `name`: the cold
+    /// one (gostw's uprobes fire at most a few hundred times a second).
+    pub fn ns(&self, name: &str) -> f64 {
+        if ON_BRANCH.contains(&name) {
+            self.emulated.cold_ns
+        } else {
+            self.stepped.cold_ns
+        }
     }
 }
 
@@ -442,13 +460,44 @@ pub struct TrapWorkerOptions {
     /// Print `GOSTW_WORK begin` / `GOSTW_WORK end` lines around the calls.
     #[arg(long)]
     pub marks: bool,
+    /// Call the target whose first instruction is a branch (emulated under
+    /// a uprobe) instead of the one the kernel single-steps.
+    #[arg(long)]
+    pub branch: bool,
 }
 
-/// The function the trap measurement puts a uprobe on.
+/// The function the trap measurement puts a single-stepped uprobe on.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn gostw_bench_uprobe_target(x: u64) -> u64 {
     std::hint::black_box(x.wrapping_mul(3).wrapping_add(1))
+}
+
+// The target of an emulated uprobe: its first instruction is a JBE, as the
+// stack check of a Go prologue ends (both ways lead to the same code, so
+// the caller's flags do not matter).
+core::arch::global_asm!(
+    ".globl gostw_bench_uprobe_branch",
+    ".type gostw_bench_uprobe_branch, @function",
+    "gostw_bench_uprobe_branch:",
+    "jbe 2f",
+    "2:",
+    "lea rax, [rdi + 2 * rdi + 1]",
+    "ret",
+    ".size gostw_bench_uprobe_branch, . - gostw_bench_uprobe_branch",
+);
+
+unsafe extern "C" {
+    fn gostw_bench_uprobe_branch(x: u64) -> u64;
+}
+
+fn call_target(branch: bool, x: u64) -> u64 {
+    if branch {
+        // SAFETY: the assembly above reads RDI, writes RAX, and returns.
+        unsafe { gostw_bench_uprobe_branch(x) }
+    } else {
+        gostw_bench_uprobe_target(x)
+    }
 }
 
 /// Call the uprobe target `calls` times, each call timed alone; print the
@@ -465,7 +514,7 @@ pub fn trap_worker(o: &TrapWorkerOptions) -> anyhow::Result<()> {
             *b = b.wrapping_add(i as u8);
         }
         let t = std::time::Instant::now();
-        x = gostw_bench_uprobe_target(x);
+        x = call_target(o.branch, std::hint::black_box(x));
         took.push(t.elapsed().as_nanos() as f64);
     }
     if o.marks {
@@ -478,24 +527,34 @@ pub fn trap_worker(o: &TrapWorkerOptions) -> anyhow::Result<()> {
 
 /// Median call time of the uprobe target, untraced and under an empty
 /// bpftrace uprobe, five times each, interleaved; (call ns, program ns).
-fn trap_runs(calls: u32, sweep_kib: usize, reader: &mut Reader) -> anyhow::Result<[Vec<f64>; 3]> {
+fn trap_runs(
+    calls: u32,
+    sweep_kib: usize,
+    branch: bool,
+    reader: &mut Reader,
+) -> anyhow::Result<[Vec<f64>; 3]> {
     let exe = std::env::current_exe()?;
-    let args = [
+    let mut args = vec![
         "bench-trap-worker".to_owned(),
         "--marks".to_owned(),
         format!("--calls={calls}"),
         format!("--sweep-kib={sweep_kib}"),
     ];
+    if branch {
+        args.push("--branch".to_owned());
+    }
+    let target = if branch {
+        "gostw_bench_uprobe_branch"
+    } else {
+        "gostw_bench_uprobe_target"
+    };
     let (mut plain, mut probed, mut prog) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..5 {
         for traced in [false, true] {
             let mut cmd = if traced {
                 let mut c = Command::new("bpftrace");
                 c.arg("-e")
-                    .arg(format!(
-                        "uprobe:{}:gostw_bench_uprobe_target {{ }}",
-                        exe.display()
-                    ))
+                    .arg(format!("uprobe:{}:{target} {{ }}", exe.display()))
                     .arg("-c")
                     .arg(format!("{} {}", exe.display(), args.join(" ")));
                 c
@@ -535,20 +594,31 @@ fn trap_runs(calls: u32, sweep_kib: usize, reader: &mut Reader) -> anyhow::Resul
     Ok([plain, probed, prog])
 }
 
-/// Measure the uprobe trap, hot and cold.
+/// Measure the uprobe trap, hot and cold, single-stepped and emulated.
 pub fn measure_trap(calls: u32) -> anyhow::Result<Trap> {
     crate::cmd::step(&format!(
-        "uprobe trap cost: one call at a time, untraced and under an empty bpftrace uprobe,          5 times each; {calls} calls in a loop, then {} calls each after a 4 MiB sweep",
+        "uprobe trap cost: one call at a time, untraced and under an empty bpftrace uprobe, \
+         5 times each; {calls} calls in a loop, then {} calls each after a 4 MiB sweep; \
+         on a single-stepped first instruction and on an emulated branch",
         calls / 10
     ));
     let mut reader = Reader::default();
+    Ok(Trap {
+        stepped: trap_cost(calls, false, &mut reader)?,
+        emulated: trap_cost(calls, true, &mut reader)?,
+    })
+}
+
+fn trap_cost(calls: u32, branch: bool, reader: &mut Reader) -> anyhow::Result<TrapCost> {
     let m = super::median;
-    let [plain, probed, prog] = trap_runs(calls, 0, &mut reader)?;
+    let [plain, probed, prog] = trap_runs(calls, 0, branch, reader)?;
     let hot = (m(&probed) - m(&plain) - m(&prog), m(&prog));
-    let [cplain, cprobed, cprog] = trap_runs(calls / 10, 4096, &mut reader)?;
+    let [cplain, cprobed, cprog] = trap_runs(calls / 10, 4096, branch, reader)?;
     let cold = (m(&cprobed) - m(&cplain) - m(&cprog), m(&cprog));
     eprintln!(
-        "  median call: hot {:.0} ns untraced, {:.0} ns probed ({:.0} ns in the program);          cold {:.0} ns untraced, {:.0} ns probed ({:.0} ns in the program)",
+        "  {}: median call: hot {:.0} ns untraced, {:.0} ns probed ({:.0} ns in the program); \
+         cold {:.0} ns untraced, {:.0} ns probed ({:.0} ns in the program)",
+        if branch { "emulated" } else { "single-stepped" },
         m(&plain),
         m(&probed),
         hot.1,
@@ -556,7 +626,7 @@ pub fn measure_trap(calls: u32) -> anyhow::Result<Trap> {
         m(&cprobed),
         cold.1
     );
-    Ok(Trap {
+    Ok(TrapCost {
         hot_ns: hot.0,
         cold_ns: cold.0,
         hot_prog_ns: hot.1,
