@@ -193,18 +193,6 @@ pub struct PauseDetail {
     pub stopped_ns: u64,
     pub restart_ns: u64,
     pub stopper: StopperTime,
-    /// Laggards in `laggards`, and those seen but not kept.
-    pub nlaggards: u32,
-    pub laggards_dropped: u32,
-    pub laggards: [Laggard; LAGGARDS],
-    /// Threads holding a P (from the M list) when a thread of the process
-    /// first left the CPU while the world was stopping, or at one of the
-    /// stopping thread's later sleeps waiting for them (an M that checked
-    /// for a stop just before it began can start a goroutine after it),
-    /// with the last goroutine seen on each; the Ms walked last time.
-    pub ncandidates: u32,
-    pub ms_walked: u32,
-    pub candidates: [Candidate; CANDIDATES],
     /// The runtime address of `runtime.allm` (0: unknown), for those walks,
     /// set at each stop's entry from the link-time addresses of
     /// `runtime.allm` and `stopTheWorldWithSema` user space gives (kept
@@ -214,7 +202,22 @@ pub struct PauseDetail {
     pub allm_link: u64,
     pub stop_the_world_link: u64,
     pub rewalked: u32,
+    /// Candidates in `candidates`; the Ms walked last time.
+    pub ncandidates: u32,
+    pub ms_walked: u32,
+    /// Laggards in `laggards`, and those seen but not kept.
+    pub nlaggards: u32,
+    pub laggards_dropped: u32,
     pub _pad2: u32,
+    /// Sent up to the last laggard in use (`PauseDetail::sent_len`): what
+    /// follows stays in the kernel.
+    pub laggards: [Laggard; LAGGARDS],
+    /// Threads holding a P (from the M list) when a thread of the process
+    /// first left the CPU while the world was stopping, or at one of the
+    /// stopping thread's later sleeps waiting for them (an M that checked
+    /// for a stop just before it began can start a goroutine after it),
+    /// with the last goroutine seen on each.
+    pub candidates: [Candidate; CANDIDATES],
 }
 assert_size!(
     PauseDetail,
@@ -222,11 +225,9 @@ assert_size!(
         + 8 * CALLER_FRAMES
         + 40
         + (16 * PHASES + 24)
-        + 8
+        + 48
         + LAGGARDS * (80 + 8 * LAGGARD_FRAMES)
-        + 8
         + 24 * CANDIDATES
-        + 32
 );
 
 /// A zeroed laggard.
@@ -252,6 +253,21 @@ const NO_LAGGARD: Laggard = Laggard {
 };
 
 impl PauseDetail {
+    /// Bytes of a detail before its laggards: what is always sent.
+    pub const LAGGARDS_AT: usize = core::mem::offset_of!(PauseDetail, laggards);
+
+    /// Bytes sent of a detail with `nlaggards` laggards in use: the
+    /// candidates and unused laggard slots stay in the kernel (a pause
+    /// usually has none or one, and the ring buffer's pages are cold).
+    pub const fn sent_len(nlaggards: usize) -> usize {
+        let n = if nlaggards < LAGGARDS {
+            nlaggards
+        } else {
+            LAGGARDS
+        };
+        Self::LAGGARDS_AT + n * core::mem::size_of::<Laggard>()
+    }
+
     /// `config`: the stop RET probe is attached (it moves the phase to
     /// `PHASE_STOPPED`).
     pub const STOPPED_PROBE: u32 = 1 << 0;

@@ -370,8 +370,8 @@ pub fn laggard_slot(d: &mut PauseDetail, tid: u32) -> usize {
     slot
 }
 
-/// The window of `tgid` closes on thread `tid`: send its detail (without a
-/// wake-up: the `PauseEvent` that follows wakes the reader).
+/// The window of `tgid` closes on thread `tid`: send its detail up to its
+/// last laggard (without a wake-up, like every event).
 #[inline(always)]
 pub fn send(tgid: u32, tid: u32) {
     let Some(d) = PAUSE_DETAILS.get_ptr_mut(tgid) else {
@@ -391,8 +391,11 @@ pub fn send(tgid: u32, tid: u32) {
         cpu: unsafe { bpf_get_smp_processor_id() },
         ts_ns: now(),
     };
+    let len = PauseDetail::sent_len(d.nlaggards as usize);
+    // SAFETY: `len` is at most the value's size (`sent_len` clamps it).
+    let bytes = unsafe { core::slice::from_raw_parts((d as *const PauseDetail).cast::<u8>(), len) };
     if EVENTS
-        .output::<PauseDetail>(&*d, BPF_RB_NO_WAKEUP as u64)
+        .output::<[u8]>(bytes, BPF_RB_NO_WAKEUP as u64)
         .is_err()
     {
         count(Counter::RingbufFull);

@@ -56,6 +56,29 @@ pub fn decode<T: aya::Pod>(kind: EventKind, bytes: &[u8]) -> Result<T, DecodeErr
     })
 }
 
+/// A `PauseDetail` as the kernel sends it: up to its last laggard in use
+/// (`PauseDetail::sent_len`); the rest reads as zero.
+fn decode_detail(raw: &[u8]) -> Result<PauseDetail, DecodeError> {
+    let short = |need| DecodeError::TooShort {
+        kind: Some(EventKind::PauseDetail),
+        got: raw.len(),
+        need,
+    };
+    if raw.len() < PauseDetail::LAGGARDS_AT {
+        return Err(short(PauseDetail::LAGGARDS_AT));
+    }
+    let mut d = PauseDetail::ZERO;
+    let len = raw.len().min(std::mem::size_of::<PauseDetail>());
+    // SAFETY: `len` bytes fit in `d`, and PauseDetail is Pod (any bytes are
+    // a valid value).
+    unsafe { std::ptr::copy_nonoverlapping(raw.as_ptr(), (&raw mut d).cast::<u8>(), len) };
+    let n = d.nlaggards as usize;
+    if len < PauseDetail::sent_len(n) {
+        return Err(short(PauseDetail::sent_len(n)));
+    }
+    Ok(d)
+}
+
 /// A decoded kernel event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -74,7 +97,7 @@ impl Event {
             EventKind::Pause => Event::Pause(decode(kind, raw)?),
             EventKind::Fault => Event::Fault(decode(kind, raw)?),
             EventKind::StackGrowth => Event::StackGrowth(decode(kind, raw)?),
-            EventKind::PauseDetail => Event::PauseDetail(Box::new(decode(kind, raw)?)),
+            EventKind::PauseDetail => Event::PauseDetail(Box::new(decode_detail(raw)?)),
         })
     }
 
@@ -143,5 +166,39 @@ mod tests {
         buf[1] = EventKind::Fault as u8;
         let (_, k) = header(&buf[1..]).unwrap();
         assert_eq!(k, EventKind::Fault);
+    }
+
+    #[test]
+    fn a_detail_is_sent_up_to_its_last_laggard() {
+        let mut d = PauseDetail::ZERO;
+        d.header.kind = EventKind::PauseDetail as u32;
+        d.header.tgid = 42;
+        d.nlaggards = 1;
+        d.laggards[0].tid = 7;
+        d.laggards[1].tid = 8; // not in use: not sent
+        d.candidates[0].tid = 9; // kernel-side only
+        // SAFETY: a plain value's bytes.
+        let all = unsafe {
+            std::slice::from_raw_parts(
+                (&raw const d).cast::<u8>(),
+                std::mem::size_of::<PauseDetail>(),
+            )
+        };
+        let sent = &all[..PauseDetail::sent_len(1)];
+        let Event::PauseDetail(got) = Event::decode(sent).unwrap() else {
+            panic!("not a detail");
+        };
+        assert_eq!((got.header.tgid, got.laggards[0].tid), (42, 7));
+        assert_eq!((got.laggards[1].tid, got.candidates[0].tid), (0, 0));
+        // Shorter than its laggard count says: malformed.
+        let cut = &all[..PauseDetail::sent_len(1) - 8];
+        assert!(matches!(
+            Event::decode(cut),
+            Err(DecodeError::TooShort { .. })
+        ));
+        assert!(matches!(
+            Event::decode(&all[..PauseDetail::LAGGARDS_AT - 1]),
+            Err(DecodeError::TooShort { .. })
+        ));
     }
 }
