@@ -186,8 +186,8 @@ pub struct PauseDetail {
     /// unknown), set by user space.
     pub task_sum_exec: u32,
     pub task_prev_sum_exec: u32,
-    /// When every P had stopped (`finishedStopping`, from the stop's RET
-    /// probe; 0 without it) and when the restart began (the stopping thread's
+    /// When every P had stopped (the stopping probe's clock, just after
+    /// Go's `finishedStopping`; 0 without it) and when the restart began (the stopping thread's
     /// first wake-up of another thread of the process after that; 0 if none
     /// was seen).
     pub stopped_ns: u64,
@@ -268,7 +268,7 @@ impl PauseDetail {
         Self::LAGGARDS_AT + n * core::mem::size_of::<Laggard>()
     }
 
-    /// `config`: the stop RET probe is attached (it moves the phase to
+    /// `config`: the stopping probe is attached (it moves the phase to
     /// `PHASE_STOPPED`).
     pub const STOPPED_PROBE: u32 = 1 << 0;
     /// `config`: the scheduler programs are attached (off-CPU times are

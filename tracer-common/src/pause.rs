@@ -20,7 +20,7 @@ pub const REASON_FROM_TEXT: u32 = u32::MAX;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PauseWindow {
     // The entry probe writes only the first 40 bytes of a value it finds
-    // cold, the stop RET probe the next 24: what they set comes first.
+    // cold, the stopping probe the next 24: what they set comes first.
     /// `bpf_ktime_get_ns()` at `stopTheWorldWithSema` entry.
     pub stop_ts_ns: u64,
     /// `stopTheWorldWithSema` entries of the process (its
@@ -41,10 +41,10 @@ pub struct PauseWindow {
     /// `PauseWindow::SETUP_*`: what user space set up for this process.
     pub setup: u16,
     pub _pad: u32,
-    /// Go's own stopping phase, read at `stopTheWorldWithSema`'s RET (Go
-    /// 1.23+, with `PauseEvent::FLAG_STOPPING`): `w.startedStopping`,
-    /// `w.finishedStopping`, `w.stoppingCPUTime`. Next to
-    /// what the entry probe wrote, so the RET probe finds it in cache.
+    /// Go's own stopping phase (Go 1.22+, with `PauseEvent::FLAG_STOPPING`):
+    /// its length from the stopping probe, the rest filled in by the RET
+    /// probe of `startTheWorldWithSema`. Next to what the entry probe wrote,
+    /// so the stopping probe finds it in cache.
     pub stopping: GoStopping,
     /// `m.preemptoff` (Go 1.19/1.20, with `PauseEvent::FLAG_REASON_TEXT`),
     /// truncated to `REASON_TEXT_LEN`.
@@ -85,18 +85,21 @@ impl PauseWindow {
     }
 }
 
-/// The `worldStop` Go returns from `stopTheWorldWithSema` (Go 1.23+): its
-/// stopping phase as Go times it.
+/// A pause's stopping phase as Go times it (Go 1.22+): from
+/// `startedStopping` (`nanotime()` once `sched.lock` is held) to
+/// `finishedStopping` (every P stopped).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GoStopping {
-    /// `w.startedStopping` (`nanotime()` once `sched.lock` is held).
+    /// `startedStopping`: the same word the RET probe of
+    /// `startTheWorldWithSema` reads (`PauseEvent::go_started_ns`).
     pub started_ns: u64,
-    /// `w.finishedStopping` (every P stopped).
+    /// `started_ns + stopping_ns`.
     pub finished_ns: u64,
-    /// `w.stoppingCPUTime`: the time every P spent stopped before the last
-    /// one stopped, summed over Ps.
-    pub cpu_ns: u64,
+    /// `finishedStopping - startedStopping`, what Go records in
+    /// `/sched/pauses/stopping/*`: RBX at `stopTheWorldWithSema`'s call of
+    /// `timeHistogram.record`.
+    pub stopping_ns: u64,
 }
 assert_size!(GoStopping, GoStopping::SIZE);
 
@@ -141,8 +144,8 @@ impl PauseEvent {
     pub const FLAG_REASON_TEXT: u32 = 1 << 1;
     /// Reading the reason or Go's start from the process's memory failed.
     pub const FLAG_READ_FAILED: u32 = 1 << 2;
-    /// `stopping` holds what `stopTheWorldWithSema` returned (its RET probe
-    /// fired: Go 1.23+, when asked for).
+    /// `stopping` holds Go's stopping phase (the stopping probe fired, and
+    /// Go's start was read: Go 1.22+, when asked for).
     pub const FLAG_STOPPING: u32 = 1 << 3;
 }
 

@@ -101,6 +101,10 @@ impl TracedProcess {
     /// Version-dependent flag: the pause reason is `m.preemptoff` (Go 1.19/1.20),
     /// not the `reason` argument.
     pub const FLAG_REASON_FROM_PREEMPTOFF: u32 = 1 << 0;
+    /// The stopping-phase probe (`stw_stopped`) is attached to the
+    /// process's executable: its pauses move to the stopped phase when the
+    /// last P stops. Set by user space, never read by the kernel.
+    pub const FLAG_STOPPED_PROBE: u32 = 1 << 1;
 }
 
 /// Byte offsets inside `runtime.g` and `runtime.m` (see GO_RUNTIME.md). A value

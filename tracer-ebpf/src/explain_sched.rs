@@ -188,7 +188,7 @@ fn follow_out(
     };
     let cand = candidate(d, tid);
     // A candidate that stopped without leaving the CPU before the stopping
-    // thread's stop RET probe: it leaves it now, once (it stopped by
+    // thread's stopping probe: it leaves it now, once (it stopped by
     // `finishedStopping`, where user space clamps it).
     if d.phase != PHASE_STOPPING && (cand.is_none() || has_slot(d, tid)) {
         return;
@@ -398,7 +398,7 @@ fn phase_index(phase: u32) -> usize {
 
 /// The current thread wakes `wakee`: if it is a stopping thread whose world
 /// is stopped, the restart has begun (`startTheWorldWithSema` hands Ps back
-/// to their Ms). Without the stop RET probe the phase is still "stopping"
+/// to their Ms). Without the stopping probe the phase is still "stopping"
 /// here: the first wake-up it makes is then taken as the restart.
 #[inline(always)]
 fn restart_begins(wakee: u32, t: u64) {

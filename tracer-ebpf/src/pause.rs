@@ -126,8 +126,8 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
         // Not traced.
         return 0;
     };
-    // SAFETY: as in `stw_stop`. Only the first 40 bytes are read unless
-    // the flags say the text or the stopping phase is there; then closed.
+    // SAFETY: as in `stw_stop`. Only the first 64 bytes are read unless
+    // the flags say the text is there; then closed.
     let window = unsafe { &mut *slot };
     let stop_ts_ns = window.stop_ts_ns;
     window.stop_ts_ns = 0;
@@ -141,13 +141,7 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
     let mut flags = window.flags;
     let mut go_started_ns = 0;
     let off = window.start_rsp_started_stopping;
-    if flags & PauseEvent::FLAG_STOPPING != 0 {
-        // The stop RET probe fired in this window: Go's `startedStopping`
-        // is known without a read of the process's memory (the first one in
-        // a program run costs ~0.5-1 us here).
-        go_started_ns = window.stopping.started_ns;
-        flags |= PauseEvent::FLAG_GO_START;
-    } else if off != GoOffsets::UNKNOWN {
+    if off != GoOffsets::UNKNOWN {
         let slot = regs.rsp.wrapping_sub(u64::from(off));
         // SAFETY: bpf_probe_read_user checks the address.
         match unsafe { bpf_probe_read_user(slot as *const u64) } {
@@ -159,6 +153,20 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
                 flags |= PauseEvent::FLAG_READ_FAILED;
                 count(Counter::ReadUserFailed);
             }
+        }
+    }
+    // The stopping probe gave the phase's length; Go's start anchors it.
+    let mut stopping = GoStopping::default();
+    if flags & PauseEvent::FLAG_STOPPING != 0 {
+        if flags & PauseEvent::FLAG_GO_START != 0 {
+            let ns = window.stopping.stopping_ns;
+            stopping = GoStopping {
+                started_ns: go_started_ns,
+                finished_ns: go_started_ns.wrapping_add(ns),
+                stopping_ns: ns,
+            };
+        } else {
+            flags &= !PauseEvent::FLAG_STOPPING;
         }
     }
     if window.setup & PauseWindow::SETUP_EXPLAINED != 0 {
@@ -190,11 +198,7 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
         } else {
             [0; REASON_TEXT_LEN]
         },
-        stopping: if flags & PauseEvent::FLAG_STOPPING != 0 {
-            window.stopping
-        } else {
-            GoStopping::default()
-        },
+        stopping,
     });
     entry.submit(SUBMIT_FLAGS);
     0

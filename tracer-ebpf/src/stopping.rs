@@ -1,24 +1,24 @@
-//! Go's stopping phase (Go 1.23+): a uprobe at each RET of
-//! `runtime.stopTheWorldWithSema`, where the `worldStop` it returns is still
-//! in registers (ABIInternal, measured on 1.24-1.27 amd64 builds): AL =
-//! reason, RBX = `startedStopping`, RCX = `finishedStopping`, RDI =
-//! `stoppingCPUTime`. `finishedStopping` is never stored where the RET of
-//! `startTheWorldWithSema` could read it, so this is the only place.
+//! Go's stopping phase (Go 1.22+): a uprobe on each call of
+//! `runtime.(*timeHistogram).record` in `runtime.stopTheWorldWithSema` (one
+//! for GC pauses, one for the others), made once the last P stopped, with
+//! Go's stopping time `finish - start` in RBX (ABIInternal: the receiver in
+//! RAX, the duration next). The kernel emulates a CALL: one trap (0.8 us
+//! here), where the RET of `stopTheWorldWithSema` (single-stepped) cost
+//! 10 us, and both are inside the pause the program pays for.
 //!
-//! The world is stopped here: the trap lands inside the pause the program
-//! pays for (README, "Stopping phase"). The program does one map lookup and
-//! a few stores (two lookups when the pause is explained), nothing else.
+//! One map lookup and two stores (and the explained pause's phase).
 
 use aya_ebpf::{EbpfContext as _, macros::uprobe, programs::ProbeContext};
-use tracer_common::pause::PauseEvent;
+use tracer_common::pause::{PauseEvent, PauseWindow};
 
 use crate::{explain, pause::PAUSE_WINDOWS};
 
 #[uprobe]
 pub fn stw_stopped(ctx: ProbeContext) -> u32 {
+    let tgid = ctx.tgid();
     // Only traced processes have a pause window, so this lookup is also the
     // traced check.
-    let Some(window) = PAUSE_WINDOWS.get_ptr_mut(ctx.tgid()) else {
+    let Some(window) = PAUSE_WINDOWS.get_ptr_mut(tgid) else {
         return 0;
     };
     // SAFETY: uprobe context, pt_regs readable; the window is this
@@ -28,11 +28,11 @@ pub fn stw_stopped(ctx: ProbeContext) -> u32 {
         if (*window).stop_ts_ns == 0 {
             return 0;
         }
-        (*window).stopping.started_ns = regs.rbx;
-        (*window).stopping.finished_ns = regs.rcx;
-        (*window).stopping.cpu_ns = regs.rdi;
+        (*window).stopping.stopping_ns = regs.rbx;
         (*window).flags |= PauseEvent::FLAG_STOPPING;
-        explain::stopped(ctx.tgid(), regs.rcx);
+        if (*window).setup & PauseWindow::SETUP_EXPLAINED != 0 {
+            explain::stopped(tgid, explain::now());
+        }
     }
     0
 }

@@ -57,7 +57,7 @@ pub struct Args {
     /// container label "_overflow".
     #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_label_sets: u32,
-    /// Read Go's stopping phase of every pause (Go 1.23+). Off by default:
+    /// Read Go's stopping phase of every pause (Go 1.22+). Off by default:
     /// its probe fires inside every pause of every traced process and adds
     /// its own latency to it (README, "Stopping phase"). Also explains
     /// each pause (the breakdown series need the stopping phase).

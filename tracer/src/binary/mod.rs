@@ -60,6 +60,10 @@ pub const STOP_THE_WORLD: &str = "runtime.stopTheWorldWithSema";
 pub const START_THE_WORLD: &str = "runtime.startTheWorldWithSema";
 pub const NEWSTACK: &str = "runtime.newstack";
 pub const COPYSTACK: &str = "runtime.copystack";
+/// Records a duration in one of the runtime's time histograms; called by
+/// `stopTheWorldWithSema` (Go 1.22+) with its stopping time, once the last
+/// P stopped.
+pub const TIME_HISTOGRAM_RECORD: &str = "runtime.(*timeHistogram).record";
 pub const MORESTACK: &str = "runtime.morestack";
 
 /// Every function `gostw inspect` reports.
@@ -404,6 +408,26 @@ impl GoBinary {
             ret_file_offsets,
             source,
         })
+    }
+
+    /// File offsets of the direct calls from function `caller` to function
+    /// `callee` (amd64; empty elsewhere, or where there is none).
+    pub fn calls(&self, caller: &str, callee: &str) -> Result<Vec<u64>, BinaryError> {
+        let f = self.function(caller)?;
+        let target = self.function(callee)?.address;
+        let code = usize::try_from(f.size)
+            .ok()
+            .and_then(|len| self.bytes_at(f.address, len))
+            .ok_or_else(|| BinaryError::Malformed {
+                path: self.path.clone(),
+                reason: format!("{caller} extends past the end of the file"),
+            })?;
+        let calls = probe_point::call_offsets(self.arch, f.address, code, target)
+            .into_iter()
+            .map(|off| f.file_offset + off)
+            .collect();
+        self.image.release_all();
+        Ok(calls)
     }
 
     /// `len` bytes of the file's contents at link-time address `vaddr`.

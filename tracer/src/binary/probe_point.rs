@@ -15,6 +15,9 @@
 //! scratch register: no argument lives in it) and the flags, so a probe on
 //! it reads the same arguments (AX...), g (R14), SP and BP as one on the
 //! first byte, with one trap instead of two.
+//!
+//! A direct CALL is emulated too, and sees the callee's arguments in their
+//! registers: `call_offsets` finds the calls of one function in another.
 
 use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Register};
 
@@ -61,6 +64,25 @@ pub fn entry_probe_offset(arch: Arch, address: u64, code: &[u8]) -> u64 {
     }
 }
 
+/// Offsets from the function's start of its direct calls (`call rel32`) to
+/// `target` (amd64; empty elsewhere).
+pub fn call_offsets(arch: Arch, address: u64, code: &[u8], target: u64) -> Vec<u64> {
+    if arch != Arch::Amd64 {
+        return Vec::new();
+    }
+    let mut calls = Vec::new();
+    for insn in Decoder::with_ip(64, code, address, DecoderOptions::NONE) {
+        if insn.is_invalid() {
+            // Past the last instruction (Go pads with INT3, which decodes).
+            break;
+        }
+        if insn.code() == Code::Call_rel32_64 && insn.near_branch64() == target {
+            calls.push(insn.ip() - address);
+        }
+    }
+    calls
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,6 +104,25 @@ mod tests {
             0x00, 0x55,
         ];
         assert_eq!(entry_probe_offset(Arch::Amd64, 0x44fa00, &code), 9);
+    }
+
+    #[test]
+    fn calls_to_one_target_are_found() {
+        // 0x1000: call 0x2000; 0x1005: call 0x3000; 0x100a: call 0x2000; int3
+        let rel = |from: u64, to: u64| ((to as i64 - (from as i64 + 5)) as i32).to_le_bytes();
+        let mut code = vec![0xe8];
+        code.extend(rel(0x1000, 0x2000));
+        code.push(0xe8);
+        code.extend(rel(0x1005, 0x3000));
+        code.push(0xe8);
+        code.extend(rel(0x100a, 0x2000));
+        code.push(0xcc);
+        assert_eq!(
+            call_offsets(Arch::Amd64, 0x1000, &code, 0x2000),
+            vec![0, 10]
+        );
+        assert_eq!(call_offsets(Arch::Amd64, 0x1000, &code, 0x3000), vec![5]);
+        assert!(call_offsets(Arch::Arm64, 0x1000, &code, 0x2000).is_empty());
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub struct TraceOptions {
     /// cost) or exact (a probe on every stack copy, 1s in every 10s).
     #[arg(long, value_enum, default_value_t = StacksOption::Sampled)]
     pub stacks: StacksOption,
-    /// Do not read Go's stopping phase (Go 1.23+): its probe fires inside
+    /// Do not read Go's stopping phase (Go 1.22+): its probe fires inside
     /// every pause and adds its own latency to it (README, "Stopping phase").
     #[arg(long)]
     pub no_stopping: bool,

@@ -120,8 +120,8 @@ pub struct PauseRecord {
     /// From the entry probe of `stopTheWorldWithSema` to the RET probe of
     /// `startTheWorldWithSema` (includes both probes' own latency).
     pub window_ns: u64,
-    /// Go's stopping phase (`finishedStopping - startedStopping`, Go 1.23+,
-    /// read at `stopTheWorldWithSema`'s RET); the rest of `duration_ns` is
+    /// Go's stopping phase (`finishedStopping - startedStopping`, Go 1.22+,
+    /// read where `stopTheWorldWithSema` records it); the rest of `duration_ns` is
     /// the world stopped. `None` where the version has no such figure or
     /// the probe is off.
     pub stopping_ns: Option<u64>,
@@ -249,7 +249,7 @@ pub fn record(ev: &PauseEvent, clock: WallClock) -> PauseRecord {
     }
 }
 
-/// Go's stopping time, if the stop RET probe fired and its figures belong to
+/// Go's stopping time, if the stopping probe fired and its figures belong to
 /// this pause: the same `startedStopping` the RET of `startTheWorldWithSema`
 /// saw, and an end inside the pause.
 fn stopping_ns(ev: &PauseEvent) -> Option<u64> {
@@ -366,7 +366,7 @@ mod tests {
         ev.stopping = GoStopping {
             started_ns: 1_020,
             finished_ns: 1_520,
-            cpu_ns: 9,
+            stopping_ns: 9,
         };
         assert_eq!(record(&ev, WallClock::default()).stopping_ns, Some(500));
         // Another pause's start, or an end past Go's own end: not this pause.

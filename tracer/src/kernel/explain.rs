@@ -17,7 +17,7 @@ use tracer_common::{
 use super::{faults::ensure_tracefs, object::Object};
 
 /// Explain the pauses of process `tgid` from now on; `stopped_probe`: its
-/// stop RET probe is attached (it marks the end of the stopping phase);
+/// stopping probe is attached (it marks the end of the stopping phase);
 /// `sched`: the scheduler programs are.
 pub fn watch(
     object: &mut Object,

@@ -45,7 +45,7 @@ use self::{
     stacks::{StackGrowthOptions, StackGrowthProbes},
 };
 use crate::{
-    binary::{BinaryError, GoBinary, START_THE_WORLD, STOP_THE_WORLD},
+    binary::{BinaryError, GoBinary, START_THE_WORLD, STOP_THE_WORLD, TIME_HISTOGRAM_RECORD},
     engine::observed::Observed,
     image::{ExeId, ExecutableImage},
     stackgrowth::Mode,
@@ -62,9 +62,9 @@ pub struct CoreOptions {
     pub faults: Option<FaultSource>,
     /// Stack growth, with these settings (None: not traced).
     pub stacks: Option<StackGrowthOptions>,
-    /// Read Go's stopping phase at `stopTheWorldWithSema`'s RET (Go 1.23+).
-    /// That probe fires inside the pause and adds its trap to it (README,
-    /// "Stopping phase").
+    /// Read Go's stopping phase where `stopTheWorldWithSema` records it
+    /// (Go 1.22+). That probe fires inside the pause and adds its trap
+    /// (0.8 us here) to it (README, "Stopping phase").
     pub stopping: bool,
     /// Explain pauses: the caller of each stop (read at the entry probe),
     /// and, with the scheduler programs, the stopping thread's off-CPU time
@@ -72,9 +72,9 @@ pub struct CoreOptions {
     pub explain: bool,
 }
 
-/// The first Go version whose `stopTheWorldWithSema` returns its stopping
-/// phase (`worldStop.finishedStopping`), as `GoVersion::code`.
-pub const STOPPING_SINCE: u32 = 123;
+/// The first Go version that times its stopping phase (and records it with
+/// `timeHistogram.record` in `stopTheWorldWithSema`), as `GoVersion::code`.
+pub const STOPPING_SINCE: u32 = 122;
 
 /// Whether the fault backend is attached.
 enum FaultState {
@@ -214,6 +214,35 @@ impl Core {
         self.opts.stacks.map(|s| s.mode)
     }
 
+    /// Where the stopping-phase probe goes in `binary`: the calls of
+    /// `timeHistogram.record` in `stopTheWorldWithSema` (one for GC pauses,
+    /// one for the others), where RBX holds Go's stopping time just taken
+    /// (`finish - start`, the value Go records) and the kernel emulates the
+    /// call (one trap, 0.8 us; the stop's RET, single-stepped, cost 10 us
+    /// inside every pause). Empty when not asked for, before Go 1.22, or
+    /// where the calls are not found (logged: stopping times are then null).
+    fn stopping_probe_offsets(&self, binary: &GoBinary) -> Vec<u64> {
+        if !self.opts.stopping || binary.version.code() < STOPPING_SINCE {
+            return Vec::new();
+        }
+        match binary.calls(STOP_THE_WORLD, TIME_HISTOGRAM_RECORD) {
+            Ok(calls) if calls.len() == 2 => calls,
+            Ok(calls) => {
+                log::warn!(
+                    "{}: {} calls of {TIME_HISTOGRAM_RECORD} in {STOP_THE_WORLD} (2 expected): \
+                     stopping times are not read",
+                    binary.path.display(),
+                    calls.len()
+                );
+                Vec::new()
+            }
+            Err(e) => {
+                log::warn!("stopping times are not read: {e}");
+                Vec::new()
+            }
+        }
+    }
+
     /// Attach the pause probes of `binary` to the file at `path` (the
     /// analysis is shared per file, the path is this process's way to it).
     fn attach_pause_probes(
@@ -225,9 +254,11 @@ impl Core {
         let result = (|| {
             let stop = binary.function(STOP_THE_WORLD)?;
             let mut offsets = vec![(STW_STOP, stop.entry_probe_offset)];
-            if self.opts.stopping && binary.version.code() >= STOPPING_SINCE {
-                offsets.extend(stop.ret_file_offsets.iter().map(|&o| (STW_STOPPED, o)));
-            }
+            offsets.extend(
+                self.stopping_probe_offsets(binary)
+                    .into_iter()
+                    .map(|o| (STW_STOPPED, o)),
+            );
             let start = binary.function(START_THE_WORLD)?;
             offsets.extend(start.ret_file_offsets.iter().map(|&o| (STW_START_RET, o)));
             for (name, offset) in offsets {
@@ -421,6 +452,10 @@ impl Kernel for Core {
                 Err(e) => log::warn!("stack growth is not measured: {e:#}"),
             }
         }
+        let mut traced = traced_process(binary, &offsets);
+        if links.iter().any(|(name, _)| *name == STW_STOPPED) {
+            traced.flags |= TracedProcess::FLAG_STOPPED_PROBE;
+        }
         let build_id = binary
             .build_id()
             .map(labels::short_build_id)
@@ -432,7 +467,7 @@ impl Kernel for Core {
                 exe: image.id,
                 links,
             },
-            traced: traced_process(binary, &offsets),
+            traced,
             image: Some(image),
         })
     }
@@ -456,7 +491,7 @@ impl Kernel for Core {
         }
         self.object.trace(pid, *traced, self.opts.explain)?;
         if self.opts.explain {
-            let stopped_probe = self.opts.stopping && traced.go_version >= STOPPING_SINCE;
+            let stopped_probe = traced.flags & TracedProcess::FLAG_STOPPED_PROBE != 0;
             let sched = self.sched.is_some();
             explain::watch(
                 &mut self.object,

@@ -27,7 +27,8 @@ use serde::Deserialize;
 use tracer::{
     binary::{
         AllglenSource, Arch, COPYSTACK, FunctionSource, GoBinary, OffsetSource, PROBED_FUNCTIONS,
-        START_THE_WORLD, STOP_THE_WORLD, VersionSource, offsets::struct_fields, running,
+        START_THE_WORLD, STOP_THE_WORLD, TIME_HISTOGRAM_RECORD, VersionSource,
+        offsets::struct_fields, running,
     },
     engine::pause::StwReason,
     image::{ExeId, ExecutableImage, ProcessImage},
@@ -321,6 +322,8 @@ const RET_CHECKED: &[&str] = &[START_THE_WORLD, STOP_THE_WORLD, COPYSTACK];
 struct Disassembled {
     rets: Vec<u64>,
     prologue_branch: Option<u64>,
+    /// Its calls of `timeHistogram.record`.
+    record_calls: Vec<u64>,
     seen: usize,
 }
 
@@ -355,6 +358,9 @@ fn objdump_rets(b: &Build) -> HashMap<String, Disassembled> {
             d.seen += 1;
             if f[3] == "RET" {
                 d.rets.push(addr);
+            }
+            if f[3] == "CALL" && f.get(4) == Some(&"runtime.(*timeHistogram).record(SB)") {
+                d.record_calls.push(addr);
             }
             if matches!(f[3], "JBE" | "JLS") && d.seen <= 3 && d.prologue_branch.is_none() {
                 d.prologue_branch = Some(addr);
@@ -492,6 +498,22 @@ fn entries_and_rets_match_the_go_toolchain() {
                 "{}: {name} entry probe",
                 b.label()
             );
+            // The stopping probe's calls (Go 1.22+ records its stopping
+            // time in two histograms, GC and other), amd64 only.
+            if name == STOP_THE_WORLD && bin.arch == Arch::Amd64 && bin.version.code() >= 122 {
+                let want: Vec<u64> = rets[name]
+                    .record_calls
+                    .iter()
+                    .map(|&vaddr| bin.file_offset(vaddr).unwrap())
+                    .collect();
+                assert_eq!(want.len(), 2, "{}: objdump's record calls", b.label());
+                assert_eq!(
+                    bin.calls(STOP_THE_WORLD, TIME_HISTOGRAM_RECORD).unwrap(),
+                    want,
+                    "{}: stopping probe offsets",
+                    b.label()
+                );
+            }
             // The file really holds a RET there.
             let data = std::fs::read(&b.path).unwrap();
             for &off in &f.ret_file_offsets {

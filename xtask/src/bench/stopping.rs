@@ -47,8 +47,8 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         .nth(1)
         .and_then(|m| m.parse().ok())
         .unwrap_or(0);
-    if minor < 23 {
-        bail!("Go {} has no stopping phase to read (1.23+)", opts.go);
+    if minor < 22 {
+        bail!("Go {} has no stopping phase to read (1.22+)", opts.go);
     }
     if !setup::is_root() {
         bail!("gostw loads eBPF programs and needs root: run `sudo -E cargo xtask bench stopping`");

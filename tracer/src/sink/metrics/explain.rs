@@ -68,7 +68,7 @@ impl ExplainMetrics {
     pub fn register(&self, r: &mut Registry) {
         r.register_with_unit(
             "pause_stopping",
-            "Stopping phase of each pause (Go's finishedStopping - startedStopping, Go 1.23+, with --stopping): the world being asked to stop",
+            "Stopping phase of each pause (Go's finishedStopping - startedStopping, Go 1.22+, with --stopping): the world being asked to stop",
             Unit::Seconds,
             self.stopping.clone(),
         );
@@ -196,7 +196,7 @@ mod tests {
     const PID: u32 = 7;
 
     /// A GC (reason 2) of `PID` at `start` for `dur`, `stopping` of it
-    /// stopping, with the stop RET probe's figures.
+    /// stopping, with the stopping probe.s figures.
     fn pause(start: u64, dur: u64, stopping: u64) -> Vec<u8> {
         bytes(&PauseEvent {
             header: EventHeader {
@@ -217,7 +217,7 @@ mod tests {
             stopping: GoStopping {
                 started_ns: start,
                 finished_ns: start + stopping,
-                cpu_ns: 0,
+                stopping_ns: 0,
             },
         })
     }
