@@ -1,5 +1,6 @@
-//! `cargo xtask bench stopping`: what the probe at `stopTheWorldWithSema`'s
-//! RET (Go's stopping phase) adds to the pauses Go itself reports. The trap
+//! `cargo xtask bench stopping`: what the stopping probe (on
+//! `stopTheWorldWithSema`'s calls of `timeHistogram.record`, where Go's
+//! stopping phase is read) adds to the pauses Go itself reports. The trap
 //! fires inside every pause, after Go took `finishedStopping`, so it moves
 //! Go's total (`/sched/pauses/total/*`) and not its stopping histogram. The
 //! stw workload runs untraced, under `gostw run --no-stopping` and under
@@ -119,7 +120,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         );
     }
     println!(
-        "stopping: the stop RET probe adds {:.1} us to Go's mean GC pause, {:.1} us to its median GC pause and {:.1} us to its median other pause",
+        "stopping: the stopping probe adds {:.1} us to Go's mean GC pause, {:.1} us to its median GC pause and {:.1} us to its median other pause",
         (med(2, &|r: &Run| r.gc_mean_ns) - med(1, &|r: &Run| r.gc_mean_ns)) / 1e3,
         (med(2, &|r: &Run| r.gc_median_ns) - med(1, &|r: &Run| r.gc_median_ns)) / 1e3,
         (med(2, &|r: &Run| r.other_median_ns) - med(1, &|r: &Run| r.other_median_ns)) / 1e3,

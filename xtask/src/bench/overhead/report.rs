@@ -101,7 +101,8 @@ pub fn print(
     }
     println!(
         "estimates below add the cold trap of each program's kind: emulated for gostw's entry \
-         probes (stw_stop, stack_copy), single-stepped for its RET probes and bpftrace's"
+         and stopping probes (stw_stop, stack_copy, stw_stopped), single-stepped for its RET \
+         probe (stw_start_ret) and bpftrace's"
     );
     for (w, workload) in workloads.iter().enumerate() {
         let of = |f: &dyn Fn(&Tracer) -> bool| {

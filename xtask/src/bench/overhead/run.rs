@@ -432,11 +432,13 @@ pub struct TrapCost {
     pub runs: usize,
 }
 
-/// gostw's programs that sit on a Go prologue's stack-check branch (a JBE
-/// the kernel emulates) on amd64; every other uprobe (gostw's RET probes,
-/// bpftrace's function entries) is single-stepped. gostw's binary analysis
-/// test checks that it finds that branch in every build of the matrix.
-const ON_BRANCH: &[&str] = &["stw_stop", "stack_copy"];
+/// gostw's programs that sit on an instruction the kernel emulates on
+/// amd64: a Go prologue's stack-check branch (a JBE: the entry probes) or a
+/// direct CALL (the stopping probe, on `timeHistogram.record`); every other
+/// uprobe (gostw's RET probe, bpftrace's function entries) is
+/// single-stepped. gostw's binary analysis test checks those offsets in
+/// every build of the matrix.
+const ON_BRANCH: &[&str] = &["stw_stop", "stw_stopped", "stack_copy"];
 
 impl Trap {
     /// The figure cost estimates use for a hit of program `name`: the cold
