@@ -40,7 +40,9 @@ pub struct PauseWindow {
     pub start_rsp_started_stopping: u16,
     /// `PauseWindow::SETUP_*`: what user space set up for this process.
     pub setup: u16,
-    pub _pad: u32,
+    /// The process's `GoOffsets::start_call_rsp_started_stopping`.
+    pub start_call_rsp_started_stopping: u16,
+    pub _pad: u16,
     /// Go's own stopping phase (Go 1.22+, with `PauseEvent::FLAG_STOPPING`):
     /// its length from the stopping probe, the rest filled in by the RET
     /// probe of `startTheWorldWithSema`. Next to what the entry probe wrote,
@@ -58,6 +60,10 @@ impl PauseWindow {
     pub const SETUP_REASON_FROM_PREEMPTOFF: u16 = 1 << 0;
     /// The process's pauses are explained (`PAUSE_DETAILS` has its entry).
     pub const SETUP_EXPLAINED: u16 = 1 << 1;
+    /// The end probe sits on `startTheWorldWithSema`'s calls of
+    /// `timeHistogram.record` (RBX: Go's pause), not on its RETs (RAX: Go's
+    /// `now`).
+    pub const SETUP_END_AT_RECORD: u16 = 1 << 2;
 
     /// The closed window user space inserts when it traces a process: every
     /// traced process has one, so its pause probes do one lookup.
@@ -69,6 +75,10 @@ impl PauseWindow {
         if explained {
             setup |= Self::SETUP_EXPLAINED;
         }
+        let at_call = process.offsets.start_call_rsp_started_stopping;
+        if at_call != crate::process::GoOffsets::UNKNOWN {
+            setup |= Self::SETUP_END_AT_RECORD;
+        }
         PauseWindow {
             stop_ts_ns: 0,
             stop_tid: 0,
@@ -79,6 +89,7 @@ impl PauseWindow {
             stopping: GoStopping::default(),
             start_rsp_started_stopping: process.offsets.start_rsp_started_stopping,
             setup,
+            start_call_rsp_started_stopping: at_call,
             _pad: 0,
             entries: 0,
         }

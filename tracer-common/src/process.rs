@@ -131,7 +131,12 @@ pub struct GoOffsets {
     pub g_atomicstatus: u16,
     /// `m.g0`.
     pub m_g0: u16,
-    pub _pad: [u16; 1],
+    /// Offset from RSP, at `startTheWorldWithSema`'s calls of
+    /// `timeHistogram.record` (Go 1.22+, where the end probe sits then), of
+    /// the same saved `w.startedStopping`, as a positive distance; UNKNOWN:
+    /// the end probe sits on the RETs. Found in the code by user space, not
+    /// in the version tables.
+    pub start_call_rsp_started_stopping: u16,
 }
 assert_size!(GoOffsets, GoOffsets::SIZE);
 
@@ -160,7 +165,7 @@ impl Default for GoOffsets {
             start_rsp_started_stopping: Self::UNKNOWN,
             g_atomicstatus: Self::UNKNOWN,
             m_g0: Self::UNKNOWN,
-            _pad: [0; 1],
+            start_call_rsp_started_stopping: Self::UNKNOWN,
         }
     }
 }

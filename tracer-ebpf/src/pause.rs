@@ -113,9 +113,12 @@ fn read_preemptoff(g0: u64, offsets: &GoOffsets, window: &mut PauseWindow) -> Re
     Ok(())
 }
 
-/// Attached at each RET of `runtime.startTheWorldWithSema`, whose result (RAX)
-/// is Go's `now` at the end of the pause. From Go 1.22 its argument
-/// `w.startedStopping` is still in the caller-visible stack slot below RSP.
+/// The end of the pause. Go 1.22+: attached at `startTheWorldWithSema`'s
+/// two calls of `timeHistogram.record` (emulated: one trap), made just after
+/// Go took `now`, with Go's pause `now - w.startedStopping` in RBX and
+/// `w.startedStopping` in the function's frame. Before (or where those are
+/// not found): at each RET, where RAX is Go's `now` (and, from 1.22, the
+/// slot is still below RSP).
 /// Rarely run, so every map it touches is a cache miss: it looks up only
 /// the pause window (which only traced processes have), and the explained
 /// pause's detail when there is one.
@@ -140,9 +143,17 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
     let regs = unsafe { &*ctx.regs };
     let mut flags = window.flags;
     let mut go_started_ns = 0;
-    let off = window.start_rsp_started_stopping;
+    // On the calls of `timeHistogram.record` the slot is above RSP and RBX
+    // is Go's pause; on the RETs it is below RSP and RAX is Go's `now`.
+    let at_call = window.setup & PauseWindow::SETUP_END_AT_RECORD != 0;
+    let (off, slot) = if at_call {
+        let off = window.start_call_rsp_started_stopping;
+        (off, regs.rsp.wrapping_add(u64::from(off)))
+    } else {
+        let off = window.start_rsp_started_stopping;
+        (off, regs.rsp.wrapping_sub(u64::from(off)))
+    };
     if off != GoOffsets::UNKNOWN {
-        let slot = regs.rsp.wrapping_sub(u64::from(off));
         // SAFETY: bpf_probe_read_user checks the address.
         match unsafe { bpf_probe_read_user(slot as *const u64) } {
             Ok(v) => {
@@ -155,6 +166,12 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
             }
         }
     }
+    let go_now_ns = match (at_call, flags & PauseEvent::FLAG_GO_START != 0) {
+        (false, _) => regs.rax,
+        (true, true) => go_started_ns.wrapping_add(regs.rbx),
+        // Go's pause without its start: no time of Go's to report.
+        (true, false) => 0,
+    };
     // The stopping probe gave the phase's length; Go's start anchors it.
     let mut stopping = GoStopping::default();
     if flags & PauseEvent::FLAG_STOPPING != 0 {
@@ -187,7 +204,7 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
             ts_ns: unsafe { bpf_ktime_get_ns() },
         },
         stop_ts_ns,
-        go_now_ns: regs.rax,
+        go_now_ns,
         go_started_ns,
         stop_tid: window.stop_tid,
         reason: window.reason,

@@ -77,6 +77,8 @@ pub struct FunctionReport {
     pub address: u64,
     pub size: u64,
     pub file_offset: u64,
+    /// Where an entry probe goes (the prologue's stack-check branch).
+    pub entry_probe_offset: u64,
     pub ret_file_offsets: Vec<u64>,
     pub source: FunctionSource,
 }
@@ -87,6 +89,7 @@ impl From<GoFunction> for FunctionReport {
             address: f.address,
             size: f.size,
             file_offset: f.file_offset,
+            entry_probe_offset: f.entry_probe_offset,
             ret_file_offsets: f.ret_file_offsets,
             source: f.source,
         }

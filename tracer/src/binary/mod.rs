@@ -430,6 +430,18 @@ impl GoBinary {
         Ok(calls)
     }
 
+    /// How far function `name`'s prologue moves RSP down (see
+    /// `probe_point::frame_drop`).
+    pub fn frame_drop(&self, name: &str) -> Result<Option<u64>, BinaryError> {
+        let f = self.function(name)?;
+        let len = usize::try_from(f.size.min(64)).unwrap_or(0);
+        let drop = self
+            .bytes_at(f.address, len)
+            .and_then(|code| probe_point::frame_drop(self.arch, f.address, code));
+        self.image.release_all();
+        Ok(drop)
+    }
+
     /// `len` bytes of the file's contents at link-time address `vaddr`.
     pub fn bytes_at(&self, vaddr: u64, len: usize) -> Option<&[u8]> {
         self.image.bytes_at(vaddr, len)

@@ -203,7 +203,7 @@ impl StructOffsets {
             start_rsp_started_stopping: g(STACK_SLOT),
             g_atomicstatus: g("g.atomicstatus"),
             m_g0: g("m.g0"),
-            _pad: [0; 1],
+            start_call_rsp_started_stopping: GoOffsets::UNKNOWN,
         }
     }
 }

@@ -64,6 +64,33 @@ pub fn entry_probe_offset(arch: Arch, address: u64, code: &[u8]) -> u64 {
     }
 }
 
+/// How far a Go prologue moves RSP down (`push rbp` and `sub rsp, N`, or
+/// `sub rsp, N` alone before Go 1.21), read from its first instructions:
+/// RSP inside the body is the entry's minus this (amd64; `None` elsewhere or
+/// for another prologue).
+pub fn frame_drop(arch: Arch, address: u64, code: &[u8]) -> Option<u64> {
+    if arch != Arch::Amd64 {
+        return None;
+    }
+    let mut drop = 0;
+    for insn in Decoder::with_ip(64, code, address, DecoderOptions::NONE)
+        .into_iter()
+        .take(8)
+    {
+        match insn.code() {
+            Code::Push_r64 if insn.op0_register() == Register::RBP => drop += 8,
+            Code::Sub_rm64_imm8 | Code::Sub_rm64_imm32 if insn.op0_register() == Register::RSP => {
+                return Some(drop + insn.immediate(1));
+            }
+            // The stack check and the frame pointer set-up before it.
+            Code::Lea_r64_m | Code::Cmp_r64_rm64 | Code::Jbe_rel8_64 | Code::Jbe_rel32_64 => {}
+            Code::Mov_r64_rm64 | Code::Mov_rm64_r64 => {}
+            _ => return None,
+        }
+    }
+    None
+}
+
 /// Offsets from the function's start of its direct calls (`call rel32`) to
 /// `target` (amd64; empty elsewhere).
 pub fn call_offsets(arch: Arch, address: u64, code: &[u8], target: u64) -> Vec<u64> {
@@ -104,6 +131,25 @@ mod tests {
             0x00, 0x55,
         ];
         assert_eq!(entry_probe_offset(Arch::Amd64, 0x44fa00, &code), 9);
+    }
+
+    #[test]
+    fn frame_drop_counts_the_push_and_the_sub() {
+        // lea r12,[rsp-0x18]; cmp r12,[r14+0x18]; jbe; push rbp; mov rbp,rsp; sub rsp,0x90
+        let code = [
+            0x4c, 0x8d, 0x64, 0x24, 0xe8, 0x4d, 0x3b, 0x66, 0x18, 0x0f, 0x86, 0x1e, 0x04, 0x00,
+            0x00, 0x55, 0x48, 0x89, 0xe5, 0x48, 0x81, 0xec, 0x90, 0x00, 0x00, 0x00,
+        ];
+        assert_eq!(frame_drop(Arch::Amd64, 0x1000, &code), Some(0x98));
+        // cmp rsp,[r14+0x10]; jbe; sub rsp,0x60; mov [rsp+0x58],rbp (Go 1.19)
+        let code = [
+            0x49, 0x3b, 0x66, 0x10, 0x0f, 0x86, 0x60, 0x02, 0x00, 0x00, 0x48, 0x83, 0xec, 0x60,
+            0x48, 0x89, 0x6c, 0x24, 0x58,
+        ];
+        assert_eq!(frame_drop(Arch::Amd64, 0x1000, &code), Some(0x60));
+        // xor eax, eax; ret: not a prologue
+        assert_eq!(frame_drop(Arch::Amd64, 0x1000, &[0x31, 0xc0, 0xc3]), None);
+        assert_eq!(frame_drop(Arch::Arm64, 0x1000, &code), None);
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod capabilities;
 pub mod explain;
 pub mod faults;
 pub mod object;
+mod pause_points;
 pub mod stacks;
 pub mod teardown;
 
@@ -42,10 +43,11 @@ use self::{
     capabilities::{BackendChoice, Capabilities, FaultSource},
     faults::FaultHooks,
     object::Object,
+    pause_points::PausePoints,
     stacks::{StackGrowthOptions, StackGrowthProbes},
 };
 use crate::{
-    binary::{BinaryError, GoBinary, START_THE_WORLD, STOP_THE_WORLD, TIME_HISTOGRAM_RECORD},
+    binary::{BinaryError, GoBinary, START_THE_WORLD, STOP_THE_WORLD},
     engine::observed::Observed,
     image::{ExeId, ExecutableImage},
     stackgrowth::Mode,
@@ -214,53 +216,18 @@ impl Core {
         self.opts.stacks.map(|s| s.mode)
     }
 
-    /// Where the stopping-phase probe goes in `binary`: the calls of
-    /// `timeHistogram.record` in `stopTheWorldWithSema` (one for GC pauses,
-    /// one for the others), where RBX holds Go's stopping time just taken
-    /// (`finish - start`, the value Go records) and the kernel emulates the
-    /// call (one trap, 0.8 us; the stop's RET, single-stepped, cost 10 us
-    /// inside every pause). Empty when not asked for, before Go 1.22, or
-    /// where the calls are not found (logged: stopping times are then null).
-    fn stopping_probe_offsets(&self, binary: &GoBinary) -> Vec<u64> {
-        if !self.opts.stopping || binary.version.code() < STOPPING_SINCE {
-            return Vec::new();
-        }
-        match binary.calls(STOP_THE_WORLD, TIME_HISTOGRAM_RECORD) {
-            Ok(calls) if calls.len() == 2 => calls,
-            Ok(calls) => {
-                log::warn!(
-                    "{}: {} calls of {TIME_HISTOGRAM_RECORD} in {STOP_THE_WORLD} (2 expected): \
-                     stopping times are not read",
-                    binary.path.display(),
-                    calls.len()
-                );
-                Vec::new()
-            }
-            Err(e) => {
-                log::warn!("stopping times are not read: {e}");
-                Vec::new()
-            }
-        }
-    }
-
-    /// Attach the pause probes of `binary` to the file at `path` (the
+    /// Attach the pause probes at `points` to the file at `path` (the
     /// analysis is shared per file, the path is this process's way to it).
     fn attach_pause_probes(
         &mut self,
-        binary: &GoBinary,
         path: &Path,
+        points: &PausePoints,
     ) -> anyhow::Result<Vec<(&'static str, UProbeLinkId)>> {
         let mut links = Vec::new();
         let result = (|| {
-            let stop = binary.function(STOP_THE_WORLD)?;
-            let mut offsets = vec![(STW_STOP, stop.entry_probe_offset)];
-            offsets.extend(
-                self.stopping_probe_offsets(binary)
-                    .into_iter()
-                    .map(|o| (STW_STOPPED, o)),
-            );
-            let start = binary.function(START_THE_WORLD)?;
-            offsets.extend(start.ret_file_offsets.iter().map(|&o| (STW_START_RET, o)));
+            let mut offsets = vec![(STW_STOP, points.stop)];
+            offsets.extend(points.stopping.iter().map(|&o| (STW_STOPPED, o)));
+            offsets.extend(points.end.iter().map(|&o| (STW_START_RET, o)));
             for (name, offset) in offsets {
                 let id = self
                     .object
@@ -432,7 +399,11 @@ impl Kernel for Core {
                 .function(f)
                 .map_err(|e| failed(FailureReason::Analysis, e))?;
         }
-        let links = self.attach_pause_probes(binary, path).map_err(|e| {
+        let mut traced = traced_process(binary, &offsets);
+        let points = pause_points::choose(binary, self.opts.stopping, &traced.offsets)
+            .map_err(|e| failed(FailureReason::Analysis, e))?;
+        traced.offsets.start_call_rsp_started_stopping = points.end_at_call;
+        let links = self.attach_pause_probes(path, &points).map_err(|e| {
             if gone(pid) {
                 failed(FailureReason::ProcessGone, format!("{e:#}"))
             } else if crate::targets::tracker::is_transient(&e) {
@@ -452,7 +423,6 @@ impl Kernel for Core {
                 Err(e) => log::warn!("stack growth is not measured: {e:#}"),
             }
         }
-        let mut traced = traced_process(binary, &offsets);
         if links.iter().any(|(name, _)| *name == STW_STOPPED) {
             traced.flags |= TracedProcess::FLAG_STOPPED_PROBE;
         }

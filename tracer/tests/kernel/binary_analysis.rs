@@ -498,9 +498,11 @@ fn entries_and_rets_match_the_go_toolchain() {
                 "{}: {name} entry probe",
                 b.label()
             );
-            // The stopping probe's calls (Go 1.22+ records its stopping
-            // time in two histograms, GC and other), amd64 only.
-            if name == STOP_THE_WORLD && bin.arch == Arch::Amd64 && bin.version.code() >= 122 {
+            // The stopping and end probes' calls (Go 1.22+ records its
+            // stopping and total times in two histograms each, GC and
+            // other), amd64 only.
+            let recorded = name == STOP_THE_WORLD || name == START_THE_WORLD;
+            if recorded && bin.arch == Arch::Amd64 && bin.version.code() >= 122 {
                 let want: Vec<u64> = rets[name]
                     .record_calls
                     .iter()
@@ -508,9 +510,9 @@ fn entries_and_rets_match_the_go_toolchain() {
                     .collect();
                 assert_eq!(want.len(), 2, "{}: objdump's record calls", b.label());
                 assert_eq!(
-                    bin.calls(STOP_THE_WORLD, TIME_HISTOGRAM_RECORD).unwrap(),
+                    bin.calls(name, TIME_HISTOGRAM_RECORD).unwrap(),
                     want,
-                    "{}: stopping probe offsets",
+                    "{}: {name}'s record calls",
                     b.label()
                 );
             }

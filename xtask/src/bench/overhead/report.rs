@@ -100,9 +100,9 @@ pub fn print(
         );
     }
     println!(
-        "estimates below add the cold trap of each program's kind: emulated for gostw's entry \
-         and stopping probes (stw_stop, stack_copy, stw_stopped), single-stepped for its RET \
-         probe (stw_start_ret) and bpftrace's"
+        "estimates below add the cold trap of each program's kind: emulated for gostw's uprobes \
+         (stw_stop, stw_stopped, stw_start_ret, stack_copy: a branch or a call), single-stepped \
+         for bpftrace's (function entries)"
     );
     for (w, workload) in workloads.iter().enumerate() {
         let of = |f: &dyn Fn(&Tracer) -> bool| {

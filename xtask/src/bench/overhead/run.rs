@@ -433,12 +433,12 @@ pub struct TrapCost {
 }
 
 /// gostw's programs that sit on an instruction the kernel emulates on
-/// amd64: a Go prologue's stack-check branch (a JBE: the entry probes) or a
-/// direct CALL (the stopping probe, on `timeHistogram.record`); every other
-/// uprobe (gostw's RET probe, bpftrace's function entries) is
+/// amd64 for the bench's Go version (1.22+): a Go prologue's stack-check
+/// branch (a JBE: the entry probes) or a direct CALL (the stopping and end
+/// probes, on `timeHistogram.record`); bpftrace's function entries are
 /// single-stepped. gostw's binary analysis test checks those offsets in
 /// every build of the matrix.
-const ON_BRANCH: &[&str] = &["stw_stop", "stw_stopped", "stack_copy"];
+const ON_BRANCH: &[&str] = &["stw_stop", "stw_stopped", "stw_start_ret", "stack_copy"];
 
 impl Trap {
     /// The figure cost estimates use for a hit of program `name`: the cold
