@@ -12,7 +12,7 @@ use core::{
 };
 
 use aya_ebpf::{
-    bindings::BPF_RB_NO_WAKEUP,
+    bindings::{BPF_F_NO_PREALLOC, BPF_RB_NO_WAKEUP},
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_loop},
     macros::map,
     maps::{Array, HashMap, LruHashMap, StackTrace},
@@ -28,14 +28,16 @@ use tracer_common::{
 };
 
 use crate::{
-    maps::{EVENTS, count},
+    maps::{EVENTS, MAX_TRACED, count},
     stack::{field, read},
 };
 
 /// One `PauseDetail` per explained process, by tgid: inserted (zeroed) by
-/// user space when it traces the process, so the probes never allocate.
+/// user space when it traces the process, so the probes never allocate
+/// (not preallocated: see `MAX_TRACED`).
 #[map]
-pub static PAUSE_DETAILS: HashMap<u32, PauseDetail> = HashMap::with_max_entries(4096, 0);
+pub static PAUSE_DETAILS: HashMap<u32, PauseDetail> =
+    HashMap::with_max_entries(MAX_TRACED, BPF_F_NO_PREALLOC);
 
 /// Threads followed inside a pause window, by tid (the stopping thread and
 /// the laggards). LRU: entries of finished windows age out.

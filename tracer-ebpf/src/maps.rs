@@ -3,7 +3,7 @@
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::{
-    bindings::BPF_RB_NO_WAKEUP,
+    bindings::{BPF_F_NO_PREALLOC, BPF_RB_NO_WAKEUP},
     macros::map,
     maps::{HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
@@ -12,10 +12,13 @@ use tracer_common::{
     process::{Probe, ProbeHitKey, TracedProcess},
 };
 
+pub use tracer_common::process::MAX_TRACED;
+
 /// Processes being traced, by tgid. Filled by user space before a process
 /// can reach a probe; every probe checks it first.
 #[map]
-pub static TRACED: HashMap<u32, TracedProcess> = HashMap::with_max_entries(4096, 0);
+pub static TRACED: HashMap<u32, TracedProcess> =
+    HashMap::with_max_entries(MAX_TRACED, BPF_F_NO_PREALLOC);
 
 /// Size of the `EVENTS` ring buffer.
 pub const EVENTS_BYTES: u32 = 4 * 1024 * 1024;

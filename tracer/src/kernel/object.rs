@@ -12,7 +12,7 @@ use tracer_common::{
     counters::Counter,
     map_names,
     pause::PauseWindow,
-    process::{Probe, ProbeHitKey, TracedProcess},
+    process::{MAX_TRACED, Probe, ProbeHitKey, TracedProcess},
 };
 
 /// The object built from `tracer-ebpf` by build.rs.
@@ -119,12 +119,20 @@ impl Object {
             HashMap::try_from(self.map_mut(map_names::PAUSE_WINDOWS)?)?;
         windows
             .insert(tgid, PauseWindow::closed(&process, explained), 0)
-            .with_context(|| format!("adding the pause window of pid {tgid}"))?;
+            .with_context(|| {
+                format!(
+                    "adding the pause window of pid {tgid} (at most {MAX_TRACED} processes are \
+                     traced at once)"
+                )
+            })?;
         let mut traced: HashMap<_, u32, TracedProcess> =
             HashMap::try_from(self.map_mut(map_names::TRACED)?)?;
-        traced
-            .insert(tgid, process, 0)
-            .with_context(|| format!("adding pid {tgid} to the traced set"))
+        traced.insert(tgid, process, 0).with_context(|| {
+            format!(
+                "adding pid {tgid} to the traced set (at most {MAX_TRACED} processes are \
+                     traced at once)"
+            )
+        })
     }
 
     /// Remove process `tgid` and its entries in the maps every probe family
