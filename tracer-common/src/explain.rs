@@ -35,7 +35,7 @@ pub const MAX_MS: usize = 32;
 
 /// Phases of a pause, as the kernel programs see them.
 pub const PHASE_STOPPING: u32 = 0;
-/// Every P stopped (the `stopTheWorldWithSema` RET probe fired).
+/// Every P stopped (the stopping probe fired).
 pub const PHASE_STOPPED: u32 = 1;
 /// The stopping thread woke another thread of its process: the world is
 /// being restarted (`startTheWorldWithSema` hands Ps back).
@@ -157,7 +157,7 @@ pub struct Candidate {
 assert_size!(Candidate, 24);
 
 /// The explanation of one pause (`EventKind::PauseDetail`). `header.ts_ns`
-/// is when it was sent (the RET of `startTheWorldWithSema`).
+/// is when it was sent (the end probe of `startTheWorldWithSema`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PauseDetail {

@@ -15,7 +15,7 @@ pub const REASON_FROM_TEXT: u32 = u32::MAX;
 /// away). Open from
 /// `stopTheWorldWithSema` entry to a RET of `startTheWorldWithSema`, then
 /// kept closed (`stop_ts_ns` 0) for the next pause. Only traced processes
-/// have one, so the RET probe's lookup doubles as the traced check.
+/// have one, so the end probe's lookup doubles as the traced check.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PauseWindow {
@@ -36,7 +36,7 @@ pub struct PauseWindow {
     /// Bytes of `reason_text` that are the `m.preemptoff` string.
     pub reason_text_len: u32,
     /// The process's `GoOffsets::start_rsp_started_stopping`, set by user
-    /// space with the entry, so the RET probe needs no `TRACED` lookup.
+    /// space with the entry, so the end probe needs no `TRACED` lookup.
     pub start_rsp_started_stopping: u16,
     /// `PauseWindow::SETUP_*`: what user space set up for this process.
     pub setup: u16,
@@ -44,7 +44,7 @@ pub struct PauseWindow {
     pub start_call_rsp_started_stopping: u16,
     pub _pad: u16,
     /// Go's own stopping phase (Go 1.22+, with `PauseEvent::FLAG_STOPPING`):
-    /// its length from the stopping probe, the rest filled in by the RET
+    /// its length from the stopping probe, the rest filled in by the end
     /// probe of `startTheWorldWithSema`. Next to what the entry probe wrote,
     /// so the stopping probe finds it in cache.
     pub stopping: GoStopping,

@@ -2,7 +2,7 @@
 //! `PauseDetail` just before the `PauseEvent` (see `tracer_common::explain`).
 //! `opened` runs in the `stopTheWorldWithSema` entry probe, before Go starts
 //! its clock; `stopped` in the stopping probe (only when the stopping
-//! phase is read, see `stopping`); `send` in the RET probe of
+//! phase is read, see `stopping`); `send` in the end probe of
 //! `startTheWorldWithSema`, after Go took its end time. The scheduler
 //! programs of `explain_sched` fill in the rest while the window is open.
 

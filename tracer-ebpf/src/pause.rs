@@ -1,8 +1,10 @@
 //! Stop-the-world pause probes: `runtime.stopTheWorldWithSema` entry opens a
-//! pause window for the process, the RET instructions of
-//! `runtime.startTheWorldWithSema` close it and send one `PauseEvent`.
-//! Never a uretprobe (Go moves stacks), never a probe inside the window (each
-//! hit costs microseconds and would lengthen the pause).
+//! pause window for the process, the end of `runtime.startTheWorldWithSema`
+//! (its calls of `timeHistogram.record` on Go 1.22+, its RETs before)
+//! closes it and sends one `PauseEvent`. Never a uretprobe (Go moves
+//! stacks); inside the window only the stopping probe (`stopping`), which
+//! lengthens the pause by its trap. Where they sit: `kernel::pause_points`
+//! in user space.
 
 use aya_ebpf::{
     EbpfContext as _,

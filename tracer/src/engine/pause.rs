@@ -117,7 +117,7 @@ pub struct PauseRecord {
     pub duration_source: DurationSource,
     /// Go's own number (`now - w.startedStopping`), Go 1.22+.
     pub go_duration_ns: Option<u64>,
-    /// From the entry probe of `stopTheWorldWithSema` to the RET probe of
+    /// From the entry probe of `stopTheWorldWithSema` to the end probe of
     /// `startTheWorldWithSema` (includes both probes' own latency).
     pub window_ns: u64,
     /// Go's stopping phase (`finishedStopping - startedStopping`, Go 1.22+,
@@ -207,14 +207,14 @@ pub fn record(ev: &PauseEvent, clock: WallClock) -> PauseRecord {
     let go_duration_ns = (ev.flags & PauseEvent::FLAG_GO_START != 0)
         .then(|| ev.go_now_ns.checked_sub(ev.go_started_ns))
         .flatten()
-        // A start after our entry probe or an end after our RET probe is not
+        // A start after our entry probe or an end after our end probe is not
         // a time Go took for this pause: the stack slot was not what we expect.
         .filter(|_| ev.go_started_ns >= ev.stop_ts_ns && ev.go_now_ns <= ev.header.ts_ns);
     let stopping_ns = stopping_ns(ev);
     let (duration_ns, duration_source, start_mono_ns) = match go_duration_ns {
         Some(d) => (d, DurationSource::Go, ev.go_started_ns),
         None => {
-            // Go's `now` closes the pause if it is plausible, else our RET probe.
+            // Go's `now` closes the pause if it is plausible, else our end probe.
             let end = if (ev.stop_ts_ns..=ev.header.ts_ns).contains(&ev.go_now_ns) {
                 ev.go_now_ns
             } else {
@@ -250,8 +250,8 @@ pub fn record(ev: &PauseEvent, clock: WallClock) -> PauseRecord {
 }
 
 /// Go's stopping time, if the stopping probe fired and its figures belong to
-/// this pause: the same `startedStopping` the RET of `startTheWorldWithSema`
-/// saw, and an end inside the pause.
+/// this pause: the same `startedStopping` the end probe of
+/// `startTheWorldWithSema` saw, and an end inside the pause.
 fn stopping_ns(ev: &PauseEvent) -> Option<u64> {
     let s = &ev.stopping;
     let consistent = ev.flags & PauseEvent::FLAG_STOPPING != 0
@@ -350,7 +350,7 @@ mod tests {
         );
         assert_eq!(r.duration_source, DurationSource::Probe);
         assert_eq!(r.duration_ns, 1_000);
-        // Go's now outside the window: the RET probe closes it.
+        // Go's now outside the window: the end probe closes it.
         let r = record(
             &event(1, 2, 1_000, None, 99_999, 2_100),
             WallClock::default(),
