@@ -368,7 +368,7 @@ fn agent_serves_fault_and_stack_growth_profiles() {
     let port = free_port();
     let path = |b: &PathBuf| regex::escape(&b.canonicalize().unwrap().display().to_string());
     let matching = format!("^({}|{})$", path(&gcswap), path(&growth));
-    start_agent(&mut procs, port, &matching);
+    start_agent(&mut procs, port, &matching, &[]);
     let metrics = || {
         let (_, b) = http_get_bytes(port, "/metrics", Duration::from_secs(10));
         format!("{}\n", String::from_utf8_lossy(&b))
