@@ -1,6 +1,6 @@
 //! Major page faults of traced processes. Both kernel backends (kprobes, and
-//! tracepoints + perf software events) send the same `FaultEvent`, so decoding
-//! and correlation in user space are one code path.
+//! tracepoints + perf software events) send the same `FaultRecord`, so
+//! decoding and correlation in user space are one code path.
 
 use crate::{assert_size, event::EventHeader};
 
@@ -25,9 +25,9 @@ pub struct FaultEvent {
     /// Part of `blocked_ns` spent waiting on another thread's read (or on a
     /// page lock it holds).
     pub wait_other_ns: u64,
-    /// Id in the `FAULT_STACKS` map of the user stack; negative: the kernel's
-    /// error (no stack).
-    pub user_stack_id: i32,
+    /// Return addresses in `FaultRecord::user_stack`; negative: the
+    /// kernel's error (no stack).
+    pub user_stack_len: i32,
     /// `FLAG_*` bits.
     pub flags: u32,
     /// Block I/O requests (tracepoint backend) or swap reads (kprobe backend)
@@ -37,6 +37,32 @@ pub struct FaultEvent {
     pub backend: u32,
 }
 assert_size!(FaultEvent, 24 + 6 * 8 + 4 * 4);
+
+/// Return addresses of a fault's user stack sent with it, innermost first:
+/// as many as user space names (its frames stop at this many); deeper ones
+/// are cut.
+pub const FAULT_STACK_DEPTH: usize = 24;
+
+/// A fault as the kernel sends it (`EventKind::Fault`): the event, then its
+/// user stack. The stack travels in the record, not as an id into a stack
+/// map: a map keeps every stack it was given (an agent's fills in time) and
+/// refuses one whose hash bucket another holds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FaultRecord {
+    pub event: FaultEvent,
+    /// The first `event.user_stack_len` entries; zeros after them.
+    pub user_stack: [u64; FAULT_STACK_DEPTH],
+}
+assert_size!(FaultRecord, 88 + FAULT_STACK_DEPTH * 8);
+
+impl FaultRecord {
+    /// The user stack's return addresses (none when it could not be taken).
+    pub fn stack(&self) -> &[u64] {
+        let n = usize::try_from(self.event.user_stack_len).unwrap_or(0);
+        &self.user_stack[..n.min(FAULT_STACK_DEPTH)]
+    }
+}
 
 impl FaultEvent {
     /// The fault was served from a file (page cache miss): `filemap_fault`.
@@ -159,6 +185,7 @@ mod user {
     // SAFETY: #[repr(C)] plain integers with no implicit padding (sizes
     // asserted above), so any byte pattern is a valid value.
     unsafe impl aya::Pod for super::FaultEvent {}
+    unsafe impl aya::Pod for super::FaultRecord {}
     unsafe impl aya::Pod for super::FaultState {}
     unsafe impl aya::Pod for super::FaultBegin {}
 }

@@ -20,7 +20,6 @@ pub mod map_names {
     pub const COUNTERS: &str = "COUNTERS";
     pub const PROBE_HITS: &str = "PROBE_HITS";
     pub const PAUSE_WINDOWS: &str = "PAUSE_WINDOWS";
-    pub const FAULT_STACKS: &str = "FAULT_STACKS";
     pub const STACK_SITES: &str = "STACK_SITES";
     pub const STACK_CONFIG: &str = "STACK_CONFIG";
     pub const PAUSE_DETAILS: &str = "PAUSE_DETAILS";

@@ -1,17 +1,19 @@
 //! What both major-fault backends share: the per-thread state of a fault in
-//! progress, the user-stack map, and sending the finished `FaultEvent`.
+//! progress, and sending the finished fault with its user stack.
+
+use core::ptr::addr_of_mut;
 
 use aya_ebpf::{
+    EbpfContext,
     bindings::BPF_F_USER_STACK,
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_get_stack, bpf_ktime_get_ns},
     macros::map,
-    maps::{LruHashMap, StackTrace},
-    programs::tracing::StackIdContext,
+    maps::LruHashMap,
 };
 use tracer_common::{
     counters::Counter,
     event::{EventHeader, EventKind},
-    fault::{Backend, FaultEvent, FaultState},
+    fault::{Backend, FAULT_STACK_DEPTH, FaultEvent, FaultRecord, FaultState},
 };
 
 use crate::maps::{EVENTS, SUBMIT_FLAGS, count, ringbuf_full};
@@ -25,10 +27,6 @@ use crate::maps::{EVENTS, SUBMIT_FLAGS, count, ringbuf_full};
 /// where the tracepoint names a thread other than the current one.
 #[map]
 pub static FAULT_STATE: LruHashMap<u32, FaultState> = LruHashMap::with_max_entries(16384, 0);
-
-/// User stacks of major faults, read and symbolized by user space.
-#[map]
-pub static FAULT_STACKS: StackTrace = StackTrace::with_max_entries(16384, 0);
 
 /// Internal `FaultState::flags` bit (never sent): an attempt of this fault
 /// returned VM_FAULT_MAJOR (kprobe backend).
@@ -93,9 +91,9 @@ pub fn close_blocked(state: &mut FaultState, end: u64) {
 }
 
 /// Send the finished fault of the current thread (its state, or none if the
-/// beginning was not seen), with the user stack.
+/// beginning was not seen), with the user stack, taken into the record.
 #[inline(always)]
-pub fn emit<C: StackIdContext>(
+pub fn emit<C: EbpfContext>(
     ctx: &C,
     tgid: u32,
     tid: u32,
@@ -104,16 +102,27 @@ pub fn emit<C: StackIdContext>(
     backend: Backend,
 ) {
     let end = now();
-    let user_stack_id = match ctx.get_stackid(&FAULT_STACKS, BPF_F_USER_STACK as u64) {
-        Ok(id) => id as i32,
-        Err(e) => {
-            count(Counter::FaultStackFailed);
-            e
-        }
-    };
-    let Some(mut entry) = EVENTS.reserve::<FaultEvent>(0) else {
+    let Some(mut entry) = EVENTS.reserve::<FaultRecord>(0) else {
         ringbuf_full(Counter::RingbufFullFault);
         return;
+    };
+    let record = entry.as_mut_ptr();
+    // SAFETY: `record` points at the reserved record, `user_stack` is its
+    // last field and `bpf_get_stack` writes at most its size (zeroing what
+    // the stack does not fill, or all of it on an error).
+    let taken = unsafe {
+        bpf_get_stack(
+            ctx.as_ptr(),
+            addr_of_mut!((*record).user_stack).cast(),
+            (FAULT_STACK_DEPTH * 8) as u32,
+            BPF_F_USER_STACK as u64,
+        )
+    };
+    let user_stack_len = if taken < 0 {
+        count(Counter::FaultStackFailed);
+        taken as i32
+    } else {
+        (taken / 8) as i32
     };
     let header = EventHeader {
         kind: EventKind::Fault as u32,
@@ -132,7 +141,7 @@ pub fn emit<C: StackIdContext>(
             blocked_ns: s.blocked_ns,
             wait_own_ns: s.wait_own_ns,
             wait_other_ns: s.wait_other_ns,
-            user_stack_id,
+            user_stack_len,
             flags: s.flags & !(STATE_MAJOR_SEEN | STATE_EMITTED),
             reads_issued: s.reads_issued,
             backend: backend as u32,
@@ -142,13 +151,14 @@ pub fn emit<C: StackIdContext>(
             FaultEvent {
                 header,
                 address,
-                user_stack_id,
+                user_stack_len,
                 flags: FaultEvent::FLAG_NO_BEGIN,
                 backend: backend as u32,
                 ..FaultEvent::default()
             }
         }
     };
-    entry.write(event);
+    // SAFETY: as above; the event is the record's first field.
+    unsafe { addr_of_mut!((*record).event).write(event) };
     entry.submit(SUBMIT_FLAGS);
 }

@@ -5,7 +5,7 @@
 use tracer_common::{
     event::{EventHeader, EventKind},
     explain::PauseDetail,
-    fault::FaultEvent,
+    fault::FaultRecord,
     pause::PauseEvent,
     stack::StackGrowthEvent,
 };
@@ -83,7 +83,7 @@ fn decode_detail(raw: &[u8]) -> Result<PauseDetail, DecodeError> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     Pause(PauseEvent),
-    Fault(FaultEvent),
+    Fault(FaultRecord),
     StackGrowth(StackGrowthEvent),
     /// Boxed: it is much larger than the others.
     PauseDetail(Box<PauseDetail>),
@@ -105,7 +105,7 @@ impl Event {
     pub fn tgid(&self) -> u32 {
         match self {
             Event::Pause(e) => e.header.tgid,
-            Event::Fault(e) => e.header.tgid,
+            Event::Fault(e) => e.event.header.tgid,
             Event::StackGrowth(e) => e.header.tgid,
             Event::PauseDetail(e) => e.header.tgid,
         }

@@ -276,7 +276,7 @@ mod tests {
             blocked_ns: 3_000,
             wait_own_ns: 1_000,
             wait_other_ns: 2_000,
-            user_stack_id: -14,
+            user_stack_len: -14,
             flags,
             reads_issued: 1,
             backend: Backend::Tracepoint as u32,

@@ -185,9 +185,6 @@ impl Engine {
                 stacks: opts.stacks.is_some(),
             },
         );
-        if opts.faults.is_some() {
-            stream.set_stack_source(Box::new(core.object().take_fault_stacks()?));
-        }
         if opts.explain {
             stream.set_pause_stack_source(Box::new(core.object().take_pause_stacks()?));
         }

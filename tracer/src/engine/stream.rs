@@ -20,10 +20,14 @@ use super::{
 };
 use crate::image::{Frame, ProcessImage};
 
-/// Frames kept of a fault's user stack.
+/// Frames kept of a fault's user stack (from at most as many addresses:
+/// the kernel sends `FAULT_STACK_DEPTH`).
 pub const MAX_FRAMES: usize = 24;
+const _: () = assert!(MAX_FRAMES == tracer_common::fault::FAULT_STACK_DEPTH);
+/// Symbolized fault stacks kept, all processes together.
+const STACK_CACHE_MAX: usize = 16_384;
 
-/// Where fault user stacks are read from (the kernel's stack map).
+/// Where laggards' user stacks are read from (the kernel's stack map).
 pub trait StackSource {
     /// The addresses of stack `id`, innermost first (empty if unknown).
     fn addresses(&self, id: u32) -> Vec<u64>;
@@ -53,14 +57,14 @@ pub struct Stream {
     opts: StreamOptions,
     pub losses: Losses,
     correlator: Correlator,
-    stacks: Option<Box<dyn StackSource>>,
     /// Where laggards' user stacks are read from.
     pause_stacks: Option<Box<dyn StackSource>>,
     /// The backend marks every file-backed fault (see `Fault::from_event`).
     file_faults_seen: bool,
     images: HashMap<u32, ProcessImage>,
-    /// Symbolized fault stacks and their raw addresses, per (process, stack id).
-    stack_cache: HashMap<(u32, i32), FaultStack>,
+    /// Symbolized fault stacks and their frames, per process and return
+    /// addresses (at most `STACK_CACHE_MAX`).
+    stack_cache: HashMap<(u32, Box<[u64]>), FaultStack>,
     /// The detail of each process's pause whose event comes next.
     details: HashMap<u32, Box<PauseDetail>>,
 }
@@ -72,18 +76,12 @@ impl Stream {
             opts,
             losses: Losses::default(),
             correlator: Correlator::new(opts.faults),
-            stacks: None,
             pause_stacks: None,
             file_faults_seen: true,
             images: HashMap::new(),
             stack_cache: HashMap::new(),
             details: HashMap::new(),
         }
-    }
-
-    /// Read fault stacks from `stacks`.
-    pub fn set_stack_source(&mut self, stacks: Box<dyn StackSource>) {
-        self.stacks = Some(stacks);
     }
 
     /// Read laggards' user stacks from `stacks`.
@@ -136,9 +134,9 @@ impl Stream {
             Event::PauseDetail(d) => {
                 self.details.insert(d.header.tgid, d);
             }
-            Event::Fault(ev) if self.opts.faults => {
-                let (stack, pcs) = self.stack(ev.header.tgid, ev.user_stack_id);
-                let mut fault = Fault::from_event(&ev, stack, self.file_faults_seen);
+            Event::Fault(rec) if self.opts.faults => {
+                let (stack, pcs) = self.stack(rec.event.header.tgid, rec.stack());
+                let mut fault = Fault::from_event(&rec.event, stack, self.file_faults_seen);
                 fault.pcs = pcs;
                 self.correlator.fault(fault, out);
             }
@@ -235,21 +233,18 @@ impl Stream {
         self.correlator.finish(out);
     }
 
-    /// The frames of stack `id` of `tgid` and the addresses they came from
-    /// (as many as have frames among the first `MAX_FRAMES`).
-    fn stack(&mut self, tgid: u32, id: i32) -> FaultStack {
-        if id < 0 {
+    /// The frames of the user stack `pcs` of `tgid` and the addresses
+    /// they came from (as many as have frames among the first `MAX_FRAMES`).
+    fn stack(&mut self, tgid: u32, pcs: &[u64]) -> FaultStack {
+        if pcs.is_empty() {
             return (Arc::from(Vec::new()), Arc::from([]));
         }
-        if let Some(s) = self.stack_cache.get(&(tgid, id)) {
+        let key = (tgid, Box::<[u64]>::from(pcs));
+        if let Some(s) = self.stack_cache.get(&key) {
             return s.clone();
         }
-        let mut pcs = self
-            .stacks
-            .as_ref()
-            .map_or_else(Vec::new, |s| s.addresses(id as u32));
         let frames: Arc<[Frame]> = match self.images.get(&tgid) {
-            Some(image) => image.stack(&pcs, MAX_FRAMES).into(),
+            Some(image) => image.stack(pcs, MAX_FRAMES).into(),
             None => pcs
                 .iter()
                 .take(MAX_FRAMES)
@@ -259,9 +254,14 @@ impl Stream {
         // One address per location: a location ends at a non-inlined frame
         // (or where MAX_FRAMES cut the stack).
         let cut = frames.last().is_some_and(|f| f.inlined);
-        pcs.truncate(frames.iter().filter(|f| !f.inlined).count() + usize::from(cut));
-        let both = (frames, Arc::from(pcs));
-        self.stack_cache.insert((tgid, id), both.clone());
+        let located = frames.iter().filter(|f| !f.inlined).count() + usize::from(cut);
+        let both = (frames, Arc::from(&pcs[..located.min(pcs.len())]));
+        // Stacks are many only in a long trace of varied code: start over
+        // (symbolizing again is cheap) rather than grow without end.
+        if self.stack_cache.len() >= STACK_CACHE_MAX {
+            self.stack_cache.clear();
+        }
+        self.stack_cache.insert(key, both.clone());
         both
     }
 }
@@ -281,7 +281,7 @@ pub fn monotonic_ns() -> u64 {
 pub mod tests {
     use tracer_common::{
         event::{EventHeader, EventKind},
-        fault::{Backend, FaultEvent},
+        fault::{Backend, FAULT_STACK_DEPTH, FaultEvent, FaultRecord},
         pause::{PauseEvent, REASON_TEXT_LEN},
         stack::StackGrowthEvent,
     };
@@ -318,7 +318,7 @@ pub mod tests {
 
     /// A swap-in fault of `tid` in `pid` from `begin` to `end`.
     pub fn fault_event(pid: u32, tid: u32, begin: u64, end: u64) -> Vec<u8> {
-        bytes(&FaultEvent {
+        let event = FaultEvent {
             header: EventHeader {
                 kind: EventKind::Fault as u32,
                 tgid: pid,
@@ -332,11 +332,40 @@ pub mod tests {
             blocked_ns: (end - begin) / 2,
             wait_own_ns: (end - begin) / 2,
             wait_other_ns: 0,
-            user_stack_id: -1,
+            user_stack_len: -14,
             flags: FaultEvent::FLAG_SWAP,
             reads_issued: 1,
             backend: Backend::Tracepoint as u32,
+        };
+        bytes(&FaultRecord {
+            event,
+            user_stack: [0; FAULT_STACK_DEPTH],
         })
+    }
+
+    #[test]
+    fn a_fault_stack_comes_in_its_record() {
+        let mut rec = FaultRecord {
+            event: FaultEvent {
+                user_stack_len: -14,
+                ..FaultEvent::default()
+            },
+            user_stack: [0; FAULT_STACK_DEPTH],
+        };
+        assert!(rec.stack().is_empty(), "an error: no stack");
+        rec.user_stack[..3].copy_from_slice(&[0x401000, 0x402000, 0x403000]);
+        rec.event.user_stack_len = 3;
+        assert_eq!(rec.stack(), &[0x401000, 0x402000, 0x403000]);
+
+        let mut s = Stream::new(WallClock::default(), StreamOptions::default());
+        let (frames, pcs) = s.stack(1, rec.stack());
+        // No image of process 1: one unknown frame per address.
+        assert_eq!(&pcs[..], rec.stack());
+        assert_eq!(frames.len(), 3);
+        let (again, _) = s.stack(1, rec.stack());
+        assert!(Arc::ptr_eq(&frames, &again), "symbolized once");
+        let (other, _) = s.stack(1, &rec.stack()[..2]);
+        assert_eq!(other.len(), 2, "another stack is another entry");
     }
 
     #[test]

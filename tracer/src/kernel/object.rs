@@ -217,15 +217,6 @@ impl Object {
         Ok(StackTraceMap::try_from(map)?)
     }
 
-    /// Take the fault user-stack map (once) for the engine's decoder.
-    pub fn take_fault_stacks(&mut self) -> anyhow::Result<StackTraceMap<MapData>> {
-        let map = self
-            .ebpf
-            .take_map(map_names::FAULT_STACKS)
-            .context("the FAULT_STACKS map was already taken")?;
-        Ok(StackTraceMap::try_from(map)?)
-    }
-
     pub(super) fn map(&self, name: &str) -> anyhow::Result<&aya::maps::Map> {
         self.ebpf
             .map(name)
