@@ -69,9 +69,10 @@ pub struct PauseEvidence {
     pub file_faults_in_pauses: Option<u64>,
     /// Time in faults that began inside pauses.
     pub fault_ns_in_pauses: u64,
-    pub worst_pause_ns: u64,
-    /// Fault time inside the worst pause.
-    pub worst_pause_fault_ns: u64,
+    /// The pause with the most fault time: its length and that fault time
+    /// (the longest pause may have had none).
+    pub most_faulted_pause_ns: u64,
+    pub most_faulted_pause_fault_ns: u64,
 }
 
 /// The top stack-growth site.
@@ -304,15 +305,15 @@ fn pause_faults(e: &Exposure, p: &PauseEvidence) -> Option<Advice> {
         return None;
     }
     let mut evidence = format!(
-        "{} of {} pauses had major faults ({} faults); faults took {} of {} pause time ({}); worst pause {}, {} of it in faults",
+        "{} of {} pauses had major faults ({} faults); faults took {} of {} pause time ({}); the pause with the most fault time: {}, {} of it in faults",
         p.pauses_with_faults,
         p.pauses,
         p.faults_in_pauses,
         ms(p.fault_ns_in_pauses),
         ms(p.pause_ns),
         pct(share.min(1.0)),
-        ms(p.worst_pause_ns),
-        pct(p.worst_pause_fault_ns as f64 / p.worst_pause_ns.max(1) as f64)
+        ms(p.most_faulted_pause_ns),
+        pct(p.most_faulted_pause_fault_ns as f64 / p.most_faulted_pause_ns.max(1) as f64)
     );
     if let (Some(s), Some(f)) = (p.swap_in_faults_in_pauses, p.file_faults_in_pauses) {
         evidence += &format!(" ({s} swap-ins, {f} file-backed)");

@@ -204,8 +204,8 @@ fn pauses(pause_ms: u64, fault_ms: u64) -> PauseEvidence {
         swap_in_faults_in_pauses: Some(200),
         file_faults_in_pauses: Some(0),
         fault_ns_in_pauses: fault_ms * 1_000_000,
-        worst_pause_ns: 8_000_000,
-        worst_pause_fault_ns: 6_000_000,
+        most_faulted_pause_ns: 8_000_000,
+        most_faulted_pause_fault_ns: 6_000_000,
     }
 }
 
@@ -266,7 +266,7 @@ fn pause_faults_over_the_threshold_say_how_much() {
     );
     assert!(
         p.evidence
-            .contains("worst pause 8.0 ms, 75.0% of it in faults"),
+            .contains("the pause with the most fault time: 8.0 ms, 75.0% of it in faults"),
         "{}",
         p.evidence
     );

@@ -608,9 +608,9 @@ pub(crate) fn pause_evidence(stdout: &[u8], pid: u32) -> PauseEvidence {
         p.fault_ns_in_pauses += n(f, "fault_ns");
         *p.swap_in_faults_in_pauses.as_mut().unwrap() += n(f, "swap_in");
         *p.file_faults_in_pauses.as_mut().unwrap() += n(f, "file_backed");
-        if d > p.worst_pause_ns {
-            p.worst_pause_ns = d;
-            p.worst_pause_fault_ns = n(f, "fault_ns");
+        if n(f, "fault_ns") > p.most_faulted_pause_fault_ns {
+            p.most_faulted_pause_ns = d;
+            p.most_faulted_pause_fault_ns = n(f, "fault_ns");
         }
     }
     p

@@ -116,9 +116,9 @@ impl ExposureReport {
         *e.swap_in_faults_in_pauses.get_or_insert(0) += all.swap_in;
         *e.file_faults_in_pauses.get_or_insert(0) += all.file_backed;
         w.kinds_unknown |= all.unknown_kind > 0;
-        if d > e.worst_pause_ns {
-            e.worst_pause_ns = d;
-            e.worst_pause_fault_ns = all.fault_ns;
+        if all.fault_ns > e.most_faulted_pause_fault_ns {
+            e.most_faulted_pause_ns = d;
+            e.most_faulted_pause_fault_ns = all.fault_ns;
         }
     }
 
