@@ -19,7 +19,7 @@ pub enum Counter {
     /// A `stopTheWorldWithSema` entry while that process's window was still
     /// open (the earlier window is lost).
     PauseReopened = 4,
-    /// A major fault's user stack could not be recorded (`bpf_get_stackid`).
+    /// A major fault's user stack could not be taken (`bpf_get_stack`).
     FaultStackFailed = 5,
     /// A major fault ended whose beginning was not seen.
     FaultNoBegin = 6,
@@ -34,11 +34,13 @@ pub enum Counter {
     /// half full: that half is kept for pause and fault events. Its counts
     /// still reach the per-site map (`STACK_SITES`).
     StackGrowthShed = 10,
+    /// A laggard's user stack could not be recorded (`bpf_get_stackid`).
+    LaggardStackFailed = 11,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 11] = [
+    pub const ALL: [Counter; 12] = [
         Counter::RingbufFull,
         Counter::ReadUserFailed,
         Counter::MapFull,
@@ -50,6 +52,7 @@ impl Counter {
         Counter::RingbufFullFault,
         Counter::RingbufFullStackGrowth,
         Counter::StackGrowthShed,
+        Counter::LaggardStackFailed,
     ];
     /// Number of slots in the `COUNTERS` array.
     pub const LEN: u32 = Self::ALL.len() as u32;
@@ -68,6 +71,7 @@ impl Counter {
             Counter::RingbufFullFault => "ringbuf_full_fault",
             Counter::RingbufFullStackGrowth => "ringbuf_full_stack_growth",
             Counter::StackGrowthShed => "stack_growth_shed",
+            Counter::LaggardStackFailed => "laggard_stack_failed",
         }
     }
 

@@ -44,7 +44,11 @@ pub static PAUSE_DETAILS: HashMap<u32, PauseDetail> =
 #[map]
 pub static PAUSE_THREADS: LruHashMap<u32, PauseThread> = LruHashMap::with_max_entries(8192, 0);
 
-/// User stacks of laggards, read and symbolized by user space.
+/// User stacks of laggards, read and symbolized by user space when the
+/// pause's detail arrives (20 ms at most later). Taken with
+/// `BPF_F_REUSE_STACKID`: a stack whose bucket another holds replaces it,
+/// where without the flag it is refused, and a map that keeps every stack
+/// it was given refuses more and more of them over an agent's weeks.
 #[map]
 pub static PAUSE_STACKS: StackTrace = StackTrace::with_max_entries(4096, 0);
 

@@ -13,7 +13,7 @@
 //! Field offsets are those of `/sys/kernel/tracing/events/sched/*/format`.
 
 use aya_ebpf::{
-    bindings::BPF_F_USER_STACK,
+    bindings::{BPF_F_REUSE_STACKID, BPF_F_USER_STACK},
     helpers::{bpf_get_current_task, bpf_probe_read_kernel},
     macros::tracepoint,
     programs::{TracePointContext, tracing::StackIdContext as _},
@@ -230,9 +230,13 @@ fn follow_out(
         left = true;
     }
     if !left {
-        l.user_stack_id = match ctx.get_stackid(&PAUSE_STACKS, BPF_F_USER_STACK as u64) {
+        let flags = (BPF_F_USER_STACK | BPF_F_REUSE_STACKID) as u64;
+        l.user_stack_id = match ctx.get_stackid(&PAUSE_STACKS, flags) {
             Ok(id) => id as i32,
-            Err(e) => e,
+            Err(e) => {
+                count(Counter::LaggardStackFailed);
+                e
+            }
         };
     }
     let entry = PauseThread {
