@@ -362,6 +362,12 @@ pub const SCHED_PROGRAMS: &[(&str, &str, &str)] = &[
     ("explain_switch", "sched", "sched_switch"),
     ("explain_waking", "sched", "sched_waking"),
 ];
+/// The `sched_switch` program of `SCHED_PROGRAMS`.
+pub const EXPLAIN_SWITCH: &str = "explain_switch";
+/// The one program on `sched:sched_switch` that does the work of both
+/// `explain_switch` and the tracepoint fault backend's `fault_tp_switch`,
+/// attached in their place when both are on.
+pub const SWITCH_BOTH: &str = "switch_both";
 
 #[cfg(feature = "user")]
 mod user {

@@ -150,6 +150,8 @@ pub mod programs {
         ("fault_tp_switch", "sched", "sched_switch"),
         ("fault_tp_wakeup", "sched", "sched_wakeup"),
     ];
+    /// The backend's `sched_switch` program.
+    pub const SWITCH: &str = "fault_tp_switch";
     /// The one tracepoint program the backend can do without:
     /// `filemap:mm_filemap_fault` is missing on older kernels (6.1 LTS has none);
     /// without it file-backed faults cannot be told from swap-ins.

@@ -269,8 +269,15 @@ pub fn fault_tp_bio_queue(_ctx: TracePointContext) -> u32 {
 /// they sleep uninterruptibly, one lookup.
 #[tracepoint]
 pub fn fault_tp_switch(ctx: TracePointContext) -> u32 {
-    let tid = field::<i32>(&ctx, SWITCH_PREV_PID) as u32;
-    let prev_state: i64 = field(&ctx, SWITCH_PREV_STATE);
+    switched(&ctx);
+    0
+}
+
+/// The body of `fault_tp_switch` (also run by `explain_sched::switch_both`).
+#[inline(always)]
+pub fn switched(ctx: &TracePointContext) {
+    let tid = field::<i32>(ctx, SWITCH_PREV_PID) as u32;
+    let prev_state: i64 = field(ctx, SWITCH_PREV_STATE);
     let blocked = prev_state & UNINTERRUPTIBLE != 0;
     if let Some(slot) = live_slot(tid) {
         slot.tid = 0;
@@ -279,16 +286,16 @@ pub fn fault_tp_switch(ctx: TracePointContext) -> u32 {
         if (blocked || preempted) && still_in_fault(slot.flags, slot.ip) {
             promote(tid, slot, blocked);
         }
-        return 0;
+        return;
     }
     if !blocked {
-        return 0;
+        return;
     }
     let Some(state) = state_mut(tid) else {
-        return 0;
+        return;
     };
     if state.begin_ns == 0 || state.off_since_ns != 0 {
-        return 0;
+        return;
     }
     if still_in_fault(state.flags, state.ip) {
         open_interval(state);
@@ -298,7 +305,6 @@ pub fn fault_tp_switch(ctx: TracePointContext) -> u32 {
         // end event): forget it rather than charge this sleep to it.
         let _ = FAULT_STATE.remove(tid);
     }
-    0
 }
 
 /// Move the fault of a slot into `FAULT_STATE` for thread `tid`, which

@@ -9,7 +9,7 @@ use aya::{
     programs::{TracePoint, trace_point::TracePointLinkId},
 };
 use tracer_common::{
-    explain::{PauseDetail, SCHED_PROGRAMS},
+    explain::{EXPLAIN_SWITCH, PauseDetail, SCHED_PROGRAMS},
     map_names,
     process::ExplainRuntime,
 };
@@ -85,11 +85,16 @@ pub struct SchedHooks {
 }
 
 impl SchedHooks {
-    /// Load and attach the scheduler programs.
-    pub fn attach(object: &mut Object) -> anyhow::Result<SchedHooks> {
+    /// Load and attach the scheduler programs; without the `sched_switch`
+    /// one when `switch_attached` (the fault backend's `switch_both` does
+    /// its work).
+    pub fn attach(object: &mut Object, switch_attached: bool) -> anyhow::Result<SchedHooks> {
         ensure_tracefs()?;
         let mut hooks = SchedHooks { links: Vec::new() };
         for &(name, category, event) in SCHED_PROGRAMS {
+            if switch_attached && name == EXPLAIN_SWITCH {
+                continue;
+            }
             let attached = object
                 .program::<TracePoint>(name)
                 .and_then(|p| Ok(p.attach(category, event)?))

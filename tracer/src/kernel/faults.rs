@@ -17,7 +17,7 @@ use aya::{
     },
     util::online_cpus,
 };
-use tracer_common::fault::programs;
+use tracer_common::{explain::SWITCH_BOTH, fault::programs};
 
 use super::{
     capabilities::{BackendChoice, Capabilities, FaultBackend},
@@ -74,20 +74,33 @@ pub fn load_kprobe_programs(object: &mut Object) -> anyhow::Result<()> {
 }
 
 /// Load every tracepoint-backend program, without attaching.
-pub fn load_tracepoint_programs(object: &mut Object) -> anyhow::Result<()> {
-    for (name, _, _) in programs::TRACEPOINTS {
-        object.program::<TracePoint>(name)?;
+pub fn load_tracepoint_programs(object: &mut Object, switch_both: bool) -> anyhow::Result<()> {
+    for &(name, _, _) in programs::TRACEPOINTS {
+        object.program::<TracePoint>(switch_program(name, switch_both))?;
     }
     object.program::<PerfEvent>(programs::MAJOR_FAULT_END)?;
     Ok(())
 }
 
+/// The program to attach for the tracepoint backend's `name`: on
+/// `sched_switch`, the one that also explains pauses when `switch_both`.
+fn switch_program(name: &'static str, switch_both: bool) -> &'static str {
+    if switch_both && name == programs::SWITCH {
+        SWITCH_BOTH
+    } else {
+        name
+    }
+}
+
 impl FaultHooks {
-    /// Attach the backend `choice` names (decided on `caps`).
+    /// Attach the backend `choice` names (decided on `caps`); with
+    /// `explain`, the tracepoint backend's `sched_switch` program is the one
+    /// that also does the explanation's (`switch_both`).
     pub fn attach(
         object: &mut Object,
         caps: &Capabilities,
         choice: BackendChoice,
+        explain: bool,
     ) -> anyhow::Result<FaultHooks> {
         let mut hooks = FaultHooks {
             choice,
@@ -97,7 +110,9 @@ impl FaultHooks {
         };
         let attached = match hooks.choice.backend {
             FaultBackend::Kprobe => hooks.attach_kprobes(object, &caps.kprobe_functions),
-            FaultBackend::Tracepoint => hooks.attach_tracepoints(object, caps.filemap_tracepoint),
+            FaultBackend::Tracepoint => {
+                hooks.attach_tracepoints(object, caps.filemap_tracepoint, explain)
+            }
             FaultBackend::None => Err(anyhow::anyhow!("{}", hooks.choice.reason)),
         };
         match attached {
@@ -131,13 +146,15 @@ impl FaultHooks {
         &mut self,
         object: &mut Object,
         with_filemap: bool,
+        switch_both: bool,
     ) -> anyhow::Result<()> {
         ensure_tracefs()?;
-        load_tracepoint_programs(object)?;
+        load_tracepoint_programs(object, switch_both)?;
         for &(name, category, event) in programs::TRACEPOINTS {
             if name == programs::OPTIONAL_TRACEPOINT && !with_filemap {
                 continue;
             }
+            let name = switch_program(name, switch_both);
             let link = object
                 .program::<TracePoint>(name)?
                 .attach(category, event)
@@ -160,6 +177,13 @@ impl FaultHooks {
             self.perf.push(link);
         }
         Ok(())
+    }
+
+    /// Whether its `sched_switch` program does the explanation's work too.
+    pub fn switch_both(&self) -> bool {
+        self.tracepoints
+            .iter()
+            .any(|(name, _)| *name == SWITCH_BOTH)
     }
 
     /// Detach every hook (errors are logged: the kernel drops what is left

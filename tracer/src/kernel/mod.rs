@@ -270,11 +270,9 @@ impl Core {
     fn first_traced(&mut self) {
         if matches!(self.faults, FaultState::Idle) {
             let source = self.opts.faults.unwrap_or_default();
-            self.faults = match self
-                .caps
-                .choose(source)
-                .and_then(|choice| FaultHooks::attach(&mut self.object, &self.caps, choice))
-            {
+            self.faults = match self.caps.choose(source).and_then(|choice| {
+                FaultHooks::attach(&mut self.object, &self.caps, choice, self.opts.explain)
+            }) {
                 Ok(h) => {
                     log::info!(
                         "major faults: {} backend ({})",
@@ -290,7 +288,9 @@ impl Core {
             };
         }
         if self.opts.explain && self.sched.is_none() {
-            match explain::SchedHooks::attach(&mut self.object) {
+            let switch_attached =
+                matches!(&self.faults, FaultState::Attached(h) if h.switch_both());
+            match explain::SchedHooks::attach(&mut self.object, switch_attached) {
                 Ok(h) => self.sched = Some(h),
                 Err(e) => log::warn!("pauses are explained without scheduler data: {e:#}"),
             }
