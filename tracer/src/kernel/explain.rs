@@ -110,6 +110,11 @@ impl SchedHooks {
         Ok(hooks)
     }
 
+    /// Whether program `name` is attached.
+    pub fn attached(&self, name: &str) -> bool {
+        self.links.iter().any(|(n, _)| *n == name)
+    }
+
     /// Detach them (errors are logged: the kernel drops what is left when
     /// gostw exits).
     pub fn detach(self, object: &mut Object) {

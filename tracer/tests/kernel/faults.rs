@@ -12,6 +12,7 @@ use tracer::{
     kernel::{
         Core, CoreOptions,
         capabilities::{self, BackendChoice, FaultBackend, FaultSource},
+        explain::SchedHooks,
         faults::{FaultHooks, load_kprobe_programs},
     },
     sink::report::{Output, ReportSink, View, faults::FaultSummary, faults_text::render_text},
@@ -352,6 +353,29 @@ fn without_pageout_pauses_have_no_faults() {
 /// The kprobe programs pass the verifier on any kernel; `auto` picks kprobes
 /// where they exist and tracepoints elsewhere (these machines), where
 /// attaching kprobes fails with a message that says what to do.
+/// With pauses explained, the tracepoint backend puts one program on
+/// `sched_switch` that does both families' work (it passes this kernel's
+/// verifier) and the scheduler hooks leave theirs out; without, each its
+/// own.
+#[test]
+fn tracepoint_backend_with_explain_runs_one_switch_program() {
+    require_root();
+    let mut core = Core::load(CoreOptions::default()).unwrap();
+    let caps = capabilities::detect();
+    for explain in [true, false] {
+        let choice = caps.choose(FaultSource::Tracepoint).unwrap();
+        let hooks = FaultHooks::attach(core.object(), &caps, choice, explain)
+            .expect("attaching the tracepoint backend");
+        assert_eq!(hooks.switch_both(), explain, "explain {explain}");
+        let sched = SchedHooks::attach(core.object(), hooks.switch_both())
+            .expect("attaching the scheduler programs");
+        assert_eq!(sched.attached("explain_switch"), !explain);
+        assert!(sched.attached("explain_waking"));
+        sched.detach(core.object());
+        hooks.detach(core.object());
+    }
+}
+
 #[test]
 fn kprobe_backend_loads_and_auto_follows_the_kernel() {
     require_root();
@@ -362,7 +386,7 @@ fn kprobe_backend_loads_and_auto_follows_the_kernel() {
     eprintln!("auto: {choice:?}");
     if caps.kprobes.available {
         assert_eq!(choice.backend, FaultBackend::Kprobe);
-        FaultHooks::attach(core.object(), &caps, choice)
+        FaultHooks::attach(core.object(), &caps, choice, false)
             .expect("attaching the kprobes")
             .detach(core.object());
     } else {
@@ -375,7 +399,7 @@ fn kprobe_backend_loads_and_auto_follows_the_kernel() {
             backend: FaultBackend::Kprobe,
             ..choice
         };
-        let err = FaultHooks::attach(core.object(), &forced, kprobe)
+        let err = FaultHooks::attach(core.object(), &forced, kprobe, false)
             .err()
             .expect("kprobes attached on a kernel without them");
         let msg = format!("{err:#}");

@@ -40,6 +40,7 @@ pub const VM_TESTS: &[&str] = &[
     "stw_probe::",
     "vm_env::",
     "faults::kprobe_backend_",
+    "faults::tracepoint_backend_with_explain",
     "faults::without_pageout_",
     "backend_agreement::",
     "memory::pageout_",
