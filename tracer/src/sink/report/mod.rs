@@ -189,14 +189,24 @@ impl Output {
                 record: p,
             })
         } else {
-            writeln!(self.out, "{}", pause_line(p))?;
-            self.out.flush()
+            let mut line = pause_line(p).into_bytes();
+            line.push(b'\n');
+            self.write_line(&line)
         }
     }
 
     fn json_line(&mut self, v: &impl Serialize) -> std::io::Result<()> {
-        serde_json::to_writer(&mut self.out, v)?;
-        self.out.write_all(b"\n")?;
+        let mut line = serde_json::to_vec(v)?;
+        line.push(b'\n');
+        self.write_line(&line)
+    }
+
+    /// One record, newline included, in one write: `run` shares its stdout
+    /// with the traced program, whose output must not land inside a line
+    /// (stdout's line buffer of 1 KiB would write a longer line in pieces;
+    /// a pipe keeps a write of up to 4 KiB whole).
+    fn write_line(&mut self, line: &[u8]) -> std::io::Result<()> {
+        self.out.write_all(line)?;
         self.out.flush()
     }
 }

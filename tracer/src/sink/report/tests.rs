@@ -91,6 +91,44 @@ fn threshold_filters_live_records_and_summary_has_every_pause() {
     assert_eq!(sum["lost"]["kernel"]["ringbuf_full_pause"], 2);
 }
 
+/// Every `write` call it was given, apart.
+#[derive(Clone, Default)]
+struct Writes(Rc<RefCell<Vec<Vec<u8>>>>);
+impl Write for Writes {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.borrow_mut().push(b.to_vec());
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn each_live_record_is_one_write() {
+    // `run` shares stdout with the traced program: a record written in
+    // pieces could have the program's output land inside it.
+    for json in [true, false] {
+        let writes = Writes::default();
+        let mut sink = ReportSink::new(
+            View::Trace,
+            Output::new(Box::new(writes.clone()), json, 0),
+            false,
+            None,
+        );
+        sink.observe(&started(9));
+        for d in [5_000, 7_000] {
+            sink.observe(&pause(9, 2, d));
+        }
+        let got = writes.0.borrow();
+        assert_eq!(got.len(), 2, "json {json}: {got:?}");
+        for w in got.iter() {
+            assert_eq!(w.iter().filter(|&&b| b == b'\n').count(), 1, "{w:?}");
+            assert_eq!(w.last(), Some(&b'\n'));
+        }
+    }
+}
+
 #[test]
 fn text_summary_names_reasons_and_losses() {
     let mut sink = ReportSink::new(
