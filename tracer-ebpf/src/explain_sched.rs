@@ -204,14 +204,18 @@ fn follow_out(
         },
         _ => (OffCpu::default(), 0),
     };
-    let cand = candidate(d, tid);
+    // Words, not an Option: the compiler loaded an Option's payload on
+    // paths where it was never written, which Linux 6.1's verifier rejects
+    // as a read of uninitialized stack (seen in `switch_both`).
+    let (m, g) = candidate(d, tid);
+    let is_candidate = m != 0;
     // A candidate that stopped without leaving the CPU before the stopping
     // thread's stopping probe: it leaves it now, once (it stopped by
     // `finishedStopping`, where user space clamps it).
-    if d.phase != PHASE_STOPPING && (cand.is_none() || has_slot(d, tid)) {
+    if d.phase != PHASE_STOPPING && (!is_candidate || has_slot(d, tid)) {
         return;
     }
-    if cand.is_some() {
+    if is_candidate {
         flags |= Laggard::CANDIDATE;
     } else if !unfiltered {
         // The M list named the threads that can delay the stop: others
@@ -240,8 +244,8 @@ fn follow_out(
     // stopped at a safe point), else the thread's live user stack (its
     // goroutine preempted by the kernel, or in a fault or a syscall).
     let mut left = false;
-    if let (Some((m, g)), Some(p)) = (cand, traced(tgid))
-        && g != 0
+    if g != 0
+        && let Some(p) = traced(tgid)
         && field(m, p.offsets.m_curg).is_some_and(|cur| cur != g)
     {
         goroutine_frames(g, &p.offsets, l);
@@ -325,9 +329,10 @@ fn stopper_off_now(d: &PauseDetail, t: u64) -> OffCpu {
     off
 }
 
-/// `(m, g)` of `tid` if the M list had it running a goroutine.
+/// `(m, g)` of `tid` if the M list had it running a goroutine, else
+/// `(0, 0)`.
 #[inline(always)]
-fn candidate(d: &PauseDetail, tid: u32) -> Option<(u64, u64)> {
+fn candidate(d: &PauseDetail, tid: u32) -> (u64, u64) {
     for i in 0..CANDIDATES {
         if i >= d.ncandidates as usize {
             break;
@@ -337,10 +342,10 @@ fn candidate(d: &PauseDetail, tid: u32) -> Option<(u64, u64)> {
             break;
         };
         if c.tid == tid {
-            return Some((c.m, c.g));
+            return (c.m, c.g);
         }
     }
-    None
+    (0, 0)
 }
 
 /// The followed thread of `tid` in an open window, with the detail.

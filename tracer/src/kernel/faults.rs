@@ -146,9 +146,15 @@ impl FaultHooks {
         &mut self,
         object: &mut Object,
         with_filemap: bool,
-        switch_both: bool,
+        mut switch_both: bool,
     ) -> anyhow::Result<()> {
         ensure_tracefs()?;
+        if switch_both && let Err(e) = object.program::<TracePoint>(SWITCH_BOTH) {
+            // Its parts load on their own: a kernel that refuses the whole
+            // pays two programs on sched_switch, not the faults.
+            log::info!("{e:#}; one sched_switch program each for faults and explanations");
+            switch_both = false;
+        }
         load_tracepoint_programs(object, switch_both)?;
         for &(name, category, event) in programs::TRACEPOINTS {
             if name == programs::OPTIONAL_TRACEPOINT && !with_filemap {
