@@ -47,7 +47,7 @@ use self::{
     stacks::{StackGrowthOptions, StackGrowthProbes},
 };
 use crate::{
-    binary::{BinaryError, GoBinary, START_THE_WORLD, STOP_THE_WORLD},
+    binary::{BinaryError, GoBinary, STOP_THE_WORLD},
     engine::observed::Observed,
     image::{ExeId, ExecutableImage},
     stackgrowth::Mode,
@@ -393,13 +393,8 @@ impl Kernel for Core {
         let offsets = binary
             .struct_offsets()
             .map_err(|e| failed(FailureReason::UnsupportedGo, e))?;
-        // Both probes must exist before anything is attached.
-        for f in [STOP_THE_WORLD, START_THE_WORLD] {
-            binary
-                .function(f)
-                .map_err(|e| failed(FailureReason::Analysis, e))?;
-        }
         let mut traced = traced_process(binary, &offsets);
+        // Both functions must be found before anything is attached.
         let points = pause_points::choose(binary, self.opts.stopping, &traced.offsets)
             .map_err(|e| failed(FailureReason::Analysis, e))?;
         traced.offsets.start_call_rsp_started_stopping = points.end_at_call;

@@ -196,7 +196,7 @@ mod tests {
     const PID: u32 = 7;
 
     /// A GC (reason 2) of `PID` at `start` for `dur`, `stopping` of it
-    /// stopping, with the stopping probe.s figures.
+    /// stopping, with the stopping probe's figures.
     fn pause(start: u64, dur: u64, stopping: u64) -> Vec<u8> {
         bytes(&PauseEvent {
             header: EventHeader {

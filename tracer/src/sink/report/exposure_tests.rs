@@ -153,7 +153,7 @@ fn a_quiet_trace_has_an_exposure_and_no_advice() {
     let sum = s.summary(1_000_000_000);
     assert_eq!(sum.advice, Some(vec![]));
     s.finish(1_000_000_000).unwrap();
-    let text = String::from_utf8(buf.0.borrow().clone()).unwrap();
+    let text = buf.text();
     assert!(text.contains("memory exposure (at the end of the trace; 2 reads"));
     assert!(text.contains("advice: none"), "{text}");
 }

@@ -10,11 +10,18 @@ use crate::{
     targets::labels::ProcessLabels,
 };
 
+/// A writer for the sink that keeps every `write` call apart.
 #[derive(Clone, Default)]
-pub(super) struct Buf(pub(super) Rc<RefCell<Vec<u8>>>);
+pub(super) struct Buf(Rc<RefCell<Vec<Vec<u8>>>>);
+impl Buf {
+    /// Everything written, as text.
+    pub(super) fn text(&self) -> String {
+        String::from_utf8(self.0.borrow().concat()).unwrap()
+    }
+}
 impl Write for Buf {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.borrow_mut().extend_from_slice(b);
+        self.0.borrow_mut().push(b.to_vec());
         Ok(b.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -66,7 +73,7 @@ fn threshold_filters_live_records_and_summary_has_every_pause() {
         (Counter::RingbufFullPause, 2),
     ]));
     sink.finish(1).unwrap();
-    let text = String::from_utf8(buf.0.borrow().clone()).unwrap();
+    let text = buf.text();
     let lines: Vec<serde_json::Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -91,25 +98,12 @@ fn threshold_filters_live_records_and_summary_has_every_pause() {
     assert_eq!(sum["lost"]["kernel"]["ringbuf_full_pause"], 2);
 }
 
-/// Every `write` call it was given, apart.
-#[derive(Clone, Default)]
-struct Writes(Rc<RefCell<Vec<Vec<u8>>>>);
-impl Write for Writes {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.borrow_mut().push(b.to_vec());
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn each_live_record_is_one_write() {
     // `run` shares stdout with the traced program: a record written in
     // pieces could have the program's output land inside it.
     for json in [true, false] {
-        let writes = Writes::default();
+        let writes = Buf::default();
         let mut sink = ReportSink::new(
             View::Trace,
             Output::new(Box::new(writes.clone()), json, 0),
