@@ -36,11 +36,18 @@ pub enum Counter {
     StackGrowthShed = 10,
     /// A laggard's user stack could not be recorded (`bpf_get_stackid`).
     LaggardStackFailed = 11,
+    /// A fault outside every pause whose event was not sent because the
+    /// ring buffer was more than half full: that half is kept for faults
+    /// inside pauses. It is still counted and timed in `FAULT_COUNTS`.
+    FaultShed = 12,
+    /// A pause's detail (its explanation) did not fit in the pause ring
+    /// buffer: the pause is reported without it.
+    RingbufFullDetail = 13,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 12] = [
+    pub const ALL: [Counter; 14] = [
         Counter::RingbufFull,
         Counter::ReadUserFailed,
         Counter::MapFull,
@@ -53,6 +60,8 @@ impl Counter {
         Counter::RingbufFullStackGrowth,
         Counter::StackGrowthShed,
         Counter::LaggardStackFailed,
+        Counter::FaultShed,
+        Counter::RingbufFullDetail,
     ];
     /// Number of slots in the `COUNTERS` array.
     pub const LEN: u32 = Self::ALL.len() as u32;
@@ -72,7 +81,16 @@ impl Counter {
             Counter::RingbufFullStackGrowth => "ringbuf_full_stack_growth",
             Counter::StackGrowthShed => "stack_growth_shed",
             Counter::LaggardStackFailed => "laggard_stack_failed",
+            Counter::FaultShed => "fault_shed",
+            Counter::RingbufFullDetail => "ringbuf_full_detail",
         }
+    }
+
+    /// Whether the events it counts are missing from the report. Shed
+    /// faults are not: the kernel counted them (`FAULT_COUNTS`), only their
+    /// stacks were not sent.
+    pub const fn is_loss(self) -> bool {
+        !matches!(self, Counter::FaultShed)
     }
 
     /// The counter this one is a part of, if it only splits another one
@@ -81,7 +99,8 @@ impl Counter {
         match self {
             Counter::RingbufFullPause
             | Counter::RingbufFullFault
-            | Counter::RingbufFullStackGrowth => Some(Counter::RingbufFull),
+            | Counter::RingbufFullStackGrowth
+            | Counter::RingbufFullDetail => Some(Counter::RingbufFull),
             _ => None,
         }
     }

@@ -139,6 +139,86 @@ pub struct FaultBegin {
 }
 assert_size!(FaultBegin, 4 * 4 + 3 * 8);
 
+/// Major faults of one process counted in the kernel, in or outside its
+/// pauses: exact however many fault events had to be shed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultTally {
+    pub faults: u64,
+    /// With `FaultEvent::FLAG_SWAP`.
+    pub swap_in: u64,
+    /// With `FaultEvent::FLAG_FILE`.
+    pub file_backed: u64,
+    /// With neither (the backend could not tell).
+    pub unknown_kind: u64,
+    /// Begin to end, of the faults whose beginning was seen.
+    pub fault_ns: u64,
+    pub blocked_ns: u64,
+    pub wait_own_ns: u64,
+    pub wait_other_ns: u64,
+}
+assert_size!(FaultTally, 8 * 8);
+
+impl FaultTally {
+    /// Count one finished fault (`flags`: its `FaultEvent::FLAG_*` bits).
+    pub fn add(&mut self, flags: u32, fault_ns: u64, state: &FaultState) {
+        self.faults += 1;
+        if flags & FaultEvent::FLAG_FILE != 0 {
+            self.file_backed += 1;
+        } else if flags & FaultEvent::FLAG_SWAP != 0 {
+            self.swap_in += 1;
+        } else {
+            self.unknown_kind += 1;
+        }
+        self.fault_ns += fault_ns;
+        self.blocked_ns += state.blocked_ns;
+        self.wait_own_ns += state.wait_own_ns;
+        self.wait_other_ns += state.wait_other_ns;
+    }
+
+    /// Add another tally (per-CPU values into one).
+    pub fn merge(&mut self, o: &FaultTally) {
+        self.faults += o.faults;
+        self.swap_in += o.swap_in;
+        self.file_backed += o.file_backed;
+        self.unknown_kind += o.unknown_kind;
+        self.fault_ns += o.fault_ns;
+        self.blocked_ns += o.blocked_ns;
+        self.wait_own_ns += o.wait_own_ns;
+        self.wait_other_ns += o.wait_other_ns;
+    }
+}
+
+/// The value of `FAULT_COUNTS` (per CPU, by tgid): every major fault that
+/// ended in a traced process, counted before its event is sent or shed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultCounts {
+    /// Faults that began inside a pause (the open window or the last one).
+    pub in_pause: FaultTally,
+    pub outside: FaultTally,
+    /// The part of `outside` whose events were not sent (ring buffer more
+    /// than half full).
+    pub shed: FaultTally,
+}
+assert_size!(FaultCounts, 3 * 64);
+
+impl FaultCounts {
+    /// Add another process count (per-CPU values into one).
+    pub fn merge(&mut self, o: &FaultCounts) {
+        self.in_pause.merge(&o.in_pause);
+        self.outside.merge(&o.outside);
+        self.shed.merge(&o.shed);
+    }
+
+    /// Every fault counted.
+    pub fn all(&self) -> FaultTally {
+        let mut t = self.in_pause;
+        t.merge(&self.outside);
+        t
+    }
+}
+
 /// Names of the fault programs, by backend, so attach code and tests agree.
 pub mod programs {
     /// Tracepoint backend: (program, tracepoint category, tracepoint name).
@@ -190,4 +270,5 @@ mod user {
     unsafe impl aya::Pod for super::FaultRecord {}
     unsafe impl aya::Pod for super::FaultState {}
     unsafe impl aya::Pod for super::FaultBegin {}
+    unsafe impl aya::Pod for super::FaultCounts {}
 }

@@ -17,6 +17,8 @@ pub mod stack;
 pub mod map_names {
     pub const TRACED: &str = "TRACED";
     pub const EVENTS: &str = "EVENTS";
+    pub const PAUSE_EVENTS: &str = "PAUSE_EVENTS";
+    pub const FAULT_COUNTS: &str = "FAULT_COUNTS";
     pub const COUNTERS: &str = "COUNTERS";
     pub const PROBE_HITS: &str = "PROBE_HITS";
     pub const PAUSE_WINDOWS: &str = "PAUSE_WINDOWS";

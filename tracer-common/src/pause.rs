@@ -51,8 +51,14 @@ pub struct PauseWindow {
     /// `m.preemptoff` (Go 1.19/1.20, with `PauseEvent::FLAG_REASON_TEXT`),
     /// truncated to `REASON_TEXT_LEN`.
     pub reason_text: [u8; REASON_TEXT_LEN],
+    /// The last closed window (`bpf_ktime_get_ns` at its entry and end
+    /// probes; 0 before the first): a fault that began inside it and ended
+    /// after it is still a fault in a pause, and the fault programs must
+    /// know that to keep its event.
+    pub last_stop_ts_ns: u64,
+    pub last_end_ts_ns: u64,
 }
-assert_size!(PauseWindow, 40 + REASON_TEXT_LEN + GoStopping::SIZE);
+assert_size!(PauseWindow, 56 + REASON_TEXT_LEN + GoStopping::SIZE);
 
 impl PauseWindow {
     /// The reason is `m.preemptoff` (Go 1.19/1.20): the entry probe reads
@@ -92,7 +98,18 @@ impl PauseWindow {
             start_call_rsp_started_stopping: at_call,
             _pad: 0,
             entries: 0,
+            last_stop_ts_ns: 0,
+            last_end_ts_ns: 0,
         }
+    }
+
+    /// Whether a fault that began at `begin_ns` (kernel clock) began inside
+    /// this process's open window or its last closed one.
+    pub fn contains(&self, begin_ns: u64) -> bool {
+        (self.stop_ts_ns != 0 && begin_ns >= self.stop_ts_ns)
+            || (self.last_stop_ts_ns != 0
+                && begin_ns >= self.last_stop_ts_ns
+                && begin_ns <= self.last_end_ts_ns)
     }
 }
 
@@ -167,4 +184,21 @@ mod user {
     unsafe impl aya::Pod for super::PauseWindow {}
     unsafe impl aya::Pod for super::PauseEvent {}
     unsafe impl aya::Pod for super::GoStopping {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_contains_faults_begun_in_it_or_in_the_last_one() {
+        let mut w = PauseWindow::closed(&crate::process::TracedProcess::default(), false);
+        assert!(!w.contains(5));
+        w.stop_ts_ns = 100;
+        assert!(w.contains(100) && w.contains(150));
+        assert!(!w.contains(99));
+        (w.last_stop_ts_ns, w.last_end_ts_ns, w.stop_ts_ns) = (100, 200, 0);
+        assert!(w.contains(100) && w.contains(200));
+        assert!(!w.contains(99) && !w.contains(201));
+    }
 }

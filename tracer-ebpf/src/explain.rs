@@ -28,7 +28,7 @@ use tracer_common::{
 };
 
 use crate::{
-    maps::{EVENTS, MAX_TRACED, count},
+    maps::{MAX_TRACED, PAUSE_EVENTS, count},
     stack::{field, read},
 };
 
@@ -400,10 +400,10 @@ pub fn send(tgid: u32, tid: u32) {
     let len = PauseDetail::sent_len(d.nlaggards as usize);
     // SAFETY: `len` is at most the value's size (`sent_len` clamps it).
     let bytes = unsafe { core::slice::from_raw_parts((d as *const PauseDetail).cast::<u8>(), len) };
-    if EVENTS
+    if PAUSE_EVENTS
         .output::<[u8]>(bytes, BPF_RB_NO_WAKEUP as u64)
         .is_err()
     {
-        count(Counter::RingbufFull);
+        crate::maps::ringbuf_full(Counter::RingbufFullDetail);
     }
 }

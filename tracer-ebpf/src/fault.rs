@@ -5,7 +5,7 @@ use core::ptr::addr_of_mut;
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::BPF_F_USER_STACK,
+    bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA},
     helpers::{bpf_get_stack, bpf_ktime_get_ns},
     macros::map,
     maps::LruHashMap,
@@ -16,7 +16,15 @@ use tracer_common::{
     fault::{Backend, FAULT_STACK_DEPTH, FaultEvent, FaultRecord, FaultState},
 };
 
-use crate::maps::{EVENTS, SUBMIT_FLAGS, count, ringbuf_full};
+use crate::{
+    maps::{EVENTS, EVENTS_BYTES, FAULT_COUNTS, SUBMIT_FLAGS, count, ringbuf_full},
+    pause::PAUSE_WINDOWS,
+};
+
+/// Unread bytes in `EVENTS` past which faults outside pauses are counted
+/// (`FAULT_COUNTS`) but not sent: the other half is kept for the faults
+/// inside pauses, whose stacks are what the report is about.
+const OUTSIDE_MAX_UNREAD: u64 = EVENTS_BYTES as u64 / 2;
 
 /// Faults in progress, by tid: every fault of the kprobe backend; for the
 /// tracepoint backend only those a thread left the CPU in (see
@@ -90,8 +98,20 @@ pub fn close_blocked(state: &mut FaultState, end: u64) {
     state.off_since_ns = 0;
 }
 
+/// Whether a fault that began at `begin` (0: not seen; then its `end`)
+/// began inside a pause of process `tgid` (its open or last window).
+#[inline(always)]
+fn in_pause(tgid: u32, begin: u64, end: u64) -> bool {
+    let at = if begin != 0 { begin } else { end };
+    // SAFETY: a read of this process's window; a torn read at worst files
+    // one fault on the wrong side of a pause edge.
+    unsafe { PAUSE_WINDOWS.get(tgid) }.is_some_and(|w| w.contains(at))
+}
+
 /// Send the finished fault of the current thread (its state, or none if the
 /// beginning was not seen), with the user stack, taken into the record.
+/// Counted first; a fault outside pauses is shed while `EVENTS` is more
+/// than half full.
 #[inline(always)]
 pub fn emit<C: EbpfContext>(
     ctx: &C,
@@ -102,6 +122,31 @@ pub fn emit<C: EbpfContext>(
     backend: Backend,
 ) {
     let end = now();
+    let none = FaultState::default();
+    let s = state.unwrap_or(&none);
+    let fault_ns = if s.begin_ns != 0 {
+        end.saturating_sub(s.begin_ns)
+    } else {
+        0
+    };
+    let in_pause = in_pause(tgid, s.begin_ns, end);
+    let shed = !in_pause && EVENTS.query(BPF_RB_AVAIL_DATA as u64) > OUTSIDE_MAX_UNREAD;
+    if let Some(c) = FAULT_COUNTS.get_ptr_mut(tgid) {
+        // SAFETY: this CPU's value; BPF programs do not migrate mid-run.
+        let c = unsafe { &mut *c };
+        if in_pause {
+            c.in_pause.add(s.flags, fault_ns, s);
+        } else {
+            c.outside.add(s.flags, fault_ns, s);
+            if shed {
+                c.shed.add(s.flags, fault_ns, s);
+            }
+        }
+    }
+    if shed {
+        count(Counter::FaultShed);
+        return;
+    }
     let Some(mut entry) = EVENTS.reserve::<FaultRecord>(0) else {
         ringbuf_full(Counter::RingbufFullFault);
         return;

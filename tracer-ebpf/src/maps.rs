@@ -9,6 +9,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     counters::Counter,
+    fault::FaultCounts,
     process::{Probe, ProbeHitKey, TracedProcess},
 };
 
@@ -26,6 +27,24 @@ pub const EVENTS_BYTES: u32 = 4 * 1024 * 1024;
 /// All events to user space.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+
+/// Size of the `PAUSE_EVENTS` ring buffer: a pause and its detail take at
+/// most ~1.8 KB, so 1 MiB holds ~580 pauses between two reads (20 ms; the
+/// agent's 100 ms), where a pause storm makes a few per millisecond.
+pub const PAUSE_EVENTS_BYTES: u32 = 1024 * 1024;
+
+/// Pause events and their details, apart from `EVENTS`: faults and stack
+/// growth, however many, never take a pause's room.
+#[map]
+pub static PAUSE_EVENTS: RingBuf = RingBuf::with_byte_size(PAUSE_EVENTS_BYTES, 0);
+
+/// Major faults per traced process (by tgid), counted before their event is
+/// sent or shed: the totals stay exact under a fault storm. User space
+/// inserts the entry when it traces the process and reads and deletes it
+/// when the process goes.
+#[map]
+pub static FAULT_COUNTS: PerCpuHashMap<u32, FaultCounts> =
+    PerCpuHashMap::with_max_entries(MAX_TRACED, BPF_F_NO_PREALLOC);
 
 /// Flags of every `EVENTS` submit: no wake-up. Waking the reader from BPF
 /// context costs ~19 us per event in these VMs (measured in

@@ -25,7 +25,7 @@ use tracer_common::{
 
 use crate::{
     explain,
-    maps::{EVENTS, MAX_TRACED, SUBMIT_FLAGS, count, ringbuf_full, traced},
+    maps::{MAX_TRACED, PAUSE_EVENTS, SUBMIT_FLAGS, count, ringbuf_full, traced},
 };
 
 /// The pause window of each traced process, by tgid, inserted closed
@@ -139,6 +139,11 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
     let window = unsafe { &mut *slot };
     let stop_ts_ns = window.stop_ts_ns;
     window.stop_ts_ns = 0;
+    if stop_ts_ns != 0 {
+        window.last_stop_ts_ns = stop_ts_ns;
+        // SAFETY: helper with no arguments.
+        window.last_end_ts_ns = unsafe { bpf_ktime_get_ns() };
+    }
     if stop_ts_ns == 0 {
         // Traced since inside this pause.
         count(Counter::PauseUnmatched);
@@ -194,7 +199,7 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
     if window.setup & PauseWindow::SETUP_EXPLAINED != 0 {
         explain::send(tgid, ctx.pid());
     }
-    let Some(mut entry) = EVENTS.reserve::<PauseEvent>(0) else {
+    let Some(mut entry) = PAUSE_EVENTS.reserve::<PauseEvent>(0) else {
         ringbuf_full(Counter::RingbufFullPause);
         return 0;
     };
@@ -205,8 +210,7 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
             tid: ctx.pid(),
             // SAFETY: helper with no arguments.
             cpu: unsafe { bpf_get_smp_processor_id() },
-            // SAFETY: as above.
-            ts_ns: unsafe { bpf_ktime_get_ns() },
+            ts_ns: window.last_end_ts_ns,
         },
         stop_ts_ns,
         go_now_ns,

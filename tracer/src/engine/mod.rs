@@ -176,8 +176,9 @@ impl Engine {
             // An explicit --fault-source that cannot work fails now.
             return Err(e);
         }
-        let reader = EventReader::new(core.object().take_events()?)
-            .context("watching the events ring buffer")?;
+        let pauses = core.object().take_pause_events()?;
+        let reader = EventReader::new(pauses, core.object().take_events()?)
+            .context("watching the ring buffers")?;
         let mut stream = Stream::new(
             WallClock::now(),
             StreamOptions {

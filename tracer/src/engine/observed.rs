@@ -129,6 +129,13 @@ pub enum Observed {
         /// Samples per second per CPU of the sampler.
         sample_hz: u64,
     },
+    /// Every major fault of a process counted in the kernel so far
+    /// (cumulative; sent when it changed): exact however many fault events
+    /// were shed.
+    FaultCounts {
+        pid: u32,
+        counts: tracer_common::fault::FaultCounts,
+    },
     /// The stack-growth site counts of a process, cumulative (exact mode's
     /// kernel map), and how long stack growth was observed.
     StackSites {

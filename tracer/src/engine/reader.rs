@@ -1,48 +1,64 @@
-//! Reading the `EVENTS` ring buffer. The kernel programs submit without a
-//! wake-up where they can (a wake-up from BPF context is expensive), so the
-//! reader also drains on a short timer: events wait at most `POLL` in the
-//! buffer.
+//! Reading the two ring buffers: `PAUSE_EVENTS` (pauses and their details)
+//! and `EVENTS` (faults and stack growth). Pauses have a ring of their own so
+//! that no storm of faults takes their room. The kernel programs submit
+//! without a wake-up where they can (a wake-up from BPF context is
+//! expensive), so the reader also drains on a short timer: events wait at
+//! most `POLL` in the buffers.
 
 use std::{os::fd::AsRawFd as _, time::Duration};
 
 use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
 
-/// The longest an event waits in the ring buffer before it is read.
+/// The longest an event waits in a ring buffer before it is read.
 pub const POLL: Duration = Duration::from_millis(20);
 
-/// Async reader over the ring buffer.
+/// Async reader over both ring buffers.
 pub struct EventReader {
-    ring: AsyncFd<RingBuf<MapData>>,
+    pauses: AsyncFd<RingBuf<MapData>>,
+    events: AsyncFd<RingBuf<MapData>>,
 }
 
 impl EventReader {
-    /// Wrap the `EVENTS` map taken from the loaded programs.
-    pub fn new(ring: RingBuf<MapData>) -> std::io::Result<Self> {
-        debug_assert!(ring.as_raw_fd() >= 0);
-        // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged,
-        // for as long as it lives, and the AsyncFd owns the RingBuf.
-        let ring = unsafe { AsyncFd::register(ring) }.map_err(std::io::Error::from)?;
-        Ok(EventReader { ring })
+    /// Wrap the `PAUSE_EVENTS` and `EVENTS` maps taken from the loaded
+    /// programs.
+    pub fn new(pauses: RingBuf<MapData>, events: RingBuf<MapData>) -> std::io::Result<Self> {
+        debug_assert!(pauses.as_raw_fd() >= 0 && events.as_raw_fd() >= 0);
+        // SAFETY: each RingBuf owns its map fd and keeps it open, unchanged,
+        // for as long as it lives, and its AsyncFd owns the RingBuf.
+        let pauses = unsafe { AsyncFd::register(pauses) }.map_err(std::io::Error::from)?;
+        // SAFETY: as above.
+        let events = unsafe { AsyncFd::register(events) }.map_err(std::io::Error::from)?;
+        Ok(EventReader { pauses, events })
     }
 
-    /// Wait until events are signalled or `POLL` passes; then `drain`.
+    /// Wait until events are signalled in either buffer or `POLL` passes;
+    /// then `drain`.
     pub async fn wait(&mut self) -> std::io::Result<()> {
-        if let Ok(guard) = tokio::time::timeout(POLL, self.ring.readable_mut()).await {
-            // Cleared before the drain that follows: a record submitted
-            // after it signals again.
-            guard?.clear_ready();
+        let EventReader { pauses, events } = self;
+        let either = async {
+            tokio::select! {
+                g = pauses.readable_mut() => g.map(|mut g| g.clear_ready()),
+                g = events.readable_mut() => g.map(|mut g| g.clear_ready()),
+            }
+        };
+        // Cleared before the drain that follows: a record submitted after it
+        // signals again.
+        if let Ok(r) = tokio::time::timeout(POLL, either).await {
+            r?;
         }
         Ok(())
     }
 
-    /// Hand every event already in the buffer to `f`, without waiting.
-    pub fn drain(&mut self, f: impl FnMut(&[u8])) -> usize {
-        drain(self.ring.get_mut(), f)
+    /// Hand every record already in the buffers to `f`, without waiting:
+    /// pauses first (a pause's faults may arrive before or after it; the
+    /// correlator takes either order).
+    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
+        drain(self.pauses.get_mut(), &mut f) + drain(self.events.get_mut(), &mut f)
     }
 }
 
-fn drain(ring: &mut RingBuf<MapData>, mut f: impl FnMut(&[u8])) -> usize {
+fn drain(ring: &mut RingBuf<MapData>, f: &mut impl FnMut(&[u8])) -> usize {
     let mut n = 0;
     while let Some(item) = ring.next() {
         f(&item);

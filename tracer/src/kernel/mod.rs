@@ -34,6 +34,7 @@ use aya::programs::{
 };
 use tracer_common::{
     counters::Counter,
+    fault::FaultCounts,
     process::{ExplainRuntime, Probe, TracedProcess},
     program_names::{STW_START_RET, STW_STOP, STW_STOPPED},
     stack::{StackSiteCounts, StackSiteKey},
@@ -494,6 +495,15 @@ impl Kernel for Core {
 
     fn sample_hz(&self) -> u64 {
         self.opts.stacks.map_or(0, |s| s.sample_hz)
+    }
+
+    fn fault_counts(&mut self, pid: u32) -> Option<FaultCounts> {
+        self.opts.faults?;
+        self.object
+            .fault_counts(pid)
+            .inspect_err(|e| log::warn!("reading the fault counts of pid {pid}: {e:#}"))
+            .ok()
+            .flatten()
     }
 
     fn collect_final(&mut self, pid: u32, out: &mut Vec<Observed>) {

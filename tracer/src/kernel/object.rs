@@ -5,11 +5,12 @@
 use anyhow::{Context as _, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
+    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf, StackTraceMap},
     programs::{KProbe, PerfEvent, Program, TracePoint, UProbe},
 };
 use tracer_common::{
     counters::Counter,
+    fault::FaultCounts,
     map_names,
     pause::PauseWindow,
     process::{MAX_TRACED, Probe, ProbeHitKey, TracedProcess},
@@ -125,6 +126,12 @@ impl Object {
                      traced at once)"
                 )
             })?;
+        let mut counts: PerCpuHashMap<_, u32, FaultCounts> =
+            PerCpuHashMap::try_from(self.map_mut(map_names::FAULT_COUNTS)?)?;
+        let zeros = PerCpuValues::try_from(vec![FaultCounts::default(); nr_cpus()?])?;
+        counts
+            .insert(tgid, zeros, 0)
+            .with_context(|| format!("adding the fault counts of pid {tgid}"))?;
         let mut traced: HashMap<_, u32, TracedProcess> =
             HashMap::try_from(self.map_mut(map_names::TRACED)?)?;
         traced.insert(tgid, process, 0).with_context(|| {
@@ -145,6 +152,9 @@ impl Object {
         let mut windows: HashMap<_, u32, PauseWindow> =
             HashMap::try_from(self.map_mut(map_names::PAUSE_WINDOWS)?)?;
         let _ = windows.remove(&tgid);
+        let mut counts: PerCpuHashMap<_, u32, FaultCounts> =
+            PerCpuHashMap::try_from(self.map_mut(map_names::FAULT_COUNTS)?)?;
+        let _ = counts.remove(&tgid);
         let mut hits: PerCpuHashMap<_, ProbeHitKey, u64> =
             PerCpuHashMap::try_from(self.map_mut(map_names::PROBE_HITS)?)?;
         for probe in Probe::ALL {
@@ -190,6 +200,24 @@ impl Object {
         }
     }
 
+    /// The major faults of process `tgid` counted in the kernel so far,
+    /// summed over CPUs (None when it is not traced).
+    pub fn fault_counts(&self, tgid: u32) -> anyhow::Result<Option<FaultCounts>> {
+        let counts: PerCpuHashMap<_, u32, FaultCounts> =
+            PerCpuHashMap::try_from(self.map(map_names::FAULT_COUNTS)?)?;
+        match counts.get(&tgid, 0) {
+            Ok(per_cpu) => Ok(Some(per_cpu.iter().fold(
+                FaultCounts::default(),
+                |mut sum, c| {
+                    sum.merge(c);
+                    sum
+                },
+            ))),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// The kernel-side health counters, summed over CPUs.
     pub fn counters(&self) -> anyhow::Result<Vec<(Counter, u64)>> {
         let array: PerCpuArray<_, u64> = PerCpuArray::try_from(self.map(map_names::COUNTERS)?)?;
@@ -205,6 +233,15 @@ impl Object {
             .ebpf
             .take_map(map_names::EVENTS)
             .context("the EVENTS ring buffer was already taken")?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    /// Take the `PAUSE_EVENTS` ring buffer (once) for the engine's reader.
+    pub fn take_pause_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
+        let map = self
+            .ebpf
+            .take_map(map_names::PAUSE_EVENTS)
+            .context("the PAUSE_EVENTS ring buffer was already taken")?;
         Ok(RingBuf::try_from(map)?)
     }
 
@@ -228,6 +265,11 @@ impl Object {
             .map_mut(name)
             .with_context(|| format!("map {name} missing from the eBPF object"))
     }
+}
+
+/// Possible CPUs: the length of a per-CPU map's values.
+fn nr_cpus() -> anyhow::Result<usize> {
+    aya::util::nr_cpus().map_err(|(_, e)| anyhow::anyhow!("reading the possible CPUs: {e}"))
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lift it so large

@@ -11,7 +11,10 @@ use std::{
     time::Duration,
 };
 
-use tracer_common::process::{Probe, TracedProcess};
+use tracer_common::{
+    fault::FaultCounts,
+    process::{Probe, TracedProcess},
+};
 
 use super::{
     discovery::NewProcess,
@@ -117,6 +120,11 @@ pub trait Kernel {
     fn probe_hits(&mut self, pid: u32, probe: Probe) -> u64;
     /// Samples per second per CPU of the stack growth sampler.
     fn sample_hz(&self) -> u64;
+    /// The major faults the kernel counted for `pid` so far (None: not
+    /// counted, e.g. faults are not traced).
+    fn fault_counts(&mut self, _pid: u32) -> Option<FaultCounts> {
+        None
+    }
     /// What else the kernel kept for `pid`, read just before it is untraced.
     fn collect_final(&mut self, _pid: u32, _out: &mut Vec<Observed>) {}
 }
@@ -137,6 +145,8 @@ struct Process {
     stw_entries: u64,
     /// Last CPU sample counts read from the kernel.
     samples: CpuSamples,
+    /// Last fault counts read from the kernel.
+    faults: FaultCounts,
 }
 
 /// Limits that keep the agent's memory and the series count bounded.
@@ -372,6 +382,7 @@ impl<K: Kernel> Tracker<K> {
                 info,
                 stw_entries: 0,
                 samples: CpuSamples::default(),
+                faults: FaultCounts::default(),
             },
         );
         self.update_gauges(out);
@@ -425,6 +436,12 @@ impl<K: Kernel> Tracker<K> {
     }
 
     fn read_entries(kernel: &mut K, pid: u32, proc: &mut Process, out: &mut Vec<Observed>) {
+        if let Some(counts) = kernel.fault_counts(pid)
+            && counts != proc.faults
+        {
+            proc.faults = counts;
+            out.push(Observed::FaultCounts { pid, counts });
+        }
         let entries = kernel.probe_hits(pid, Probe::StopTheWorld);
         let now = CpuSamples {
             all: kernel.probe_hits(pid, Probe::CpuSample),

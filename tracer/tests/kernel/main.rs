@@ -25,5 +25,6 @@ mod pauses;
 mod real_services;
 mod stack_growth;
 mod stopping;
+mod storm;
 mod stw_probe;
 mod vm_env;

@@ -354,6 +354,18 @@ impl Metrics {
         reasons.entry(labels.clone()).or_default().insert(p.reason);
     }
 
+    /// `n` faults outside pauses that the kernel counted but whose events
+    /// were shed: counted in `major_faults_total` (no wait observed).
+    pub fn faults_shed(&self, labels: &ProcessLabels, backing: Backing, n: u64) {
+        self.major_faults
+            .get_or_create(&FaultLabels {
+                process: labels.clone(),
+                in_pause: bool_label(false),
+                backing: backing_label(backing),
+            })
+            .inc_by(n);
+    }
+
     pub fn fault(&self, labels: &ProcessLabels, f: &FaultObservation) {
         let in_pause = bool_label(f.in_pause);
         self.major_faults

@@ -5,7 +5,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use tracer_common::counters::Counter;
+use tracer_common::{counters::Counter, fault::FaultTally};
 
 use super::{
     Metrics,
@@ -28,6 +28,11 @@ pub struct MetricsSink {
     kernel_last: HashMap<Counter, u64>,
     losses_last: Losses,
     overflow_last: u64,
+    /// Per process, the kernel's count of fault events shed so far.
+    shed_last: HashMap<u32, FaultTally>,
+    /// The backend marks every file-backed fault (an unmarked one is a
+    /// swap-in).
+    file_faults_seen: bool,
 }
 
 impl std::ops::Deref for MetricsSink {
@@ -63,6 +68,37 @@ impl MetricsSink {
             kernel_last: HashMap::new(),
             losses_last: Losses::default(),
             overflow_last: 0,
+            shed_last: HashMap::new(),
+            file_faults_seen: false,
+        }
+    }
+
+    /// Faults the kernel counted but did not send (outside pauses, under a
+    /// storm) into `major_faults_total`, so its sum stays every fault.
+    fn shed(&mut self, pid: u32, now: &FaultTally) {
+        let last = self.shed_last.entry(pid).or_default();
+        let new = [
+            (
+                Backing::File,
+                now.file_backed.saturating_sub(last.file_backed),
+            ),
+            (Backing::Swap, now.swap_in.saturating_sub(last.swap_in)),
+            (
+                if self.file_faults_seen {
+                    Backing::Swap
+                } else {
+                    Backing::Unknown
+                },
+                now.unknown_kind.saturating_sub(last.unknown_kind),
+            ),
+        ];
+        *last = *now;
+        if let Some(l) = self.labels.get(&pid) {
+            for (backing, n) in new {
+                if n > 0 {
+                    self.metrics.faults_shed(l, backing, n);
+                }
+            }
         }
     }
 
@@ -95,6 +131,7 @@ impl Sink for MetricsSink {
                 last_of_labels,
             } => {
                 m.exposure.exited(*pid);
+                self.shed_last.remove(pid);
                 if let Some(l) = self.labels.remove(pid) {
                     m.process_exited(&l);
                     if *last_of_labels {
@@ -159,7 +196,14 @@ impl Sink for MetricsSink {
                 m.processes_traced.set(*processes as i64);
                 m.executables_attached.set(*executables as i64);
             }
-            Observed::FaultBackend(choice) => m.fault_backend(choice.backend.name()),
+            Observed::FaultBackend(choice) => {
+                self.file_faults_seen = choice.file_faults_seen;
+                m.fault_backend(choice.backend.name());
+            }
+            Observed::FaultCounts { pid, counts } => {
+                let shed = counts.shed;
+                self.shed(*pid, &shed);
+            }
             Observed::FaultsUnavailable(why) => {
                 log::warn!("major faults are not traced: {why}");
                 m.fault_backend("none");

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
+use tracer_common::fault::{FaultCounts, FaultTally};
 
 use crate::engine::{
     fault::{Fault, FaultSite, FaultTotals, SiteCounts},
@@ -42,13 +43,26 @@ pub struct PauseFaults {
     pub top_sites: Vec<FaultSite>,
 }
 
-/// Faults of one process over the whole trace.
+/// Faults of one process over the whole trace. `in_pauses` comes from the
+/// fault events (every fault inside a pause is sent). Where the kernel
+/// counted them (`counted_in_kernel`), `all` is its count, every major fault
+/// whether or not its event was sent, and `outside_pauses` is `all` less
+/// `in_pauses`; the sites and distributions outside pauses come from the
+/// events that were sent (`outside_pauses_sent`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ProcessFaults {
     pub tgid: u32,
     pub all: FaultTotals,
     pub in_pauses: FaultTotals,
     pub outside_pauses: FaultTotals,
+    /// The totals above are the kernel's counts.
+    pub counted_in_kernel: bool,
+    /// Fault events received outside pauses (each with its stack): all of
+    /// `outside_pauses.faults` but `shed`.
+    pub outside_pauses_sent: u64,
+    /// Faults outside pauses counted but not sent, while the ring buffer was
+    /// more than half full (that half is kept for faults inside pauses).
+    pub shed: u64,
     pub pauses: u64,
     pub pauses_with_faults: u64,
     pub top_sites_in_pauses: Vec<FaultSite>,
@@ -118,6 +132,8 @@ pub struct FaultSummary {
 struct ProcessTotals {
     in_pauses: FaultTotals,
     outside: FaultTotals,
+    /// The kernel's counts, when it keeps them.
+    kernel: Option<FaultCounts>,
     pauses: u64,
     pauses_with_faults: u64,
     sites_in: SiteCounts,
@@ -128,6 +144,9 @@ struct ProcessTotals {
 #[derive(Default)]
 pub struct FaultReport {
     backend: String,
+    /// The backend marks every file-backed fault: an unmarked one is a
+    /// swap-in (as `Fault::from_event` decides for events).
+    file_faults_seen: bool,
     processes: BTreeMap<u32, ProcessTotals>,
     pauses: Vec<PauseFaults>,
     pauses_not_listed: u64,
@@ -138,8 +157,14 @@ pub struct FaultReport {
 
 impl FaultReport {
     /// Name the backend that produced the faults.
-    pub fn set_backend(&mut self, name: &str) {
+    pub fn set_backend(&mut self, name: &str, file_faults_seen: bool) {
         name.clone_into(&mut self.backend);
+        self.file_faults_seen = file_faults_seen;
+    }
+
+    /// The kernel's counts of a process's faults so far (cumulative).
+    pub fn counted(&mut self, pid: u32, counts: &FaultCounts) {
+        self.processes.entry(pid).or_default().kernel = Some(*counts);
     }
 
     /// A process is traced (it is listed even without faults).
@@ -224,11 +249,21 @@ impl FaultReport {
                 .map(|(&tgid, t)| {
                     let mut all = t.in_pauses;
                     add_totals(&mut all, &t.outside);
+                    let mut outside = t.outside;
+                    if let Some(k) = &t.kernel {
+                        // Never fewer than the events received: a poll
+                        // can trail the last events.
+                        all = max_totals(&self.totals(&k.all()), &all);
+                        outside = sub_totals(&all, &t.in_pauses);
+                    }
                     ProcessFaults {
                         tgid,
                         all,
                         in_pauses: t.in_pauses,
-                        outside_pauses: t.outside,
+                        outside_pauses: outside,
+                        counted_in_kernel: t.kernel.is_some(),
+                        outside_pauses_sent: t.outside.faults,
+                        shed: t.kernel.map_or(0, |k| k.shed.faults),
                         pauses: t.pauses,
                         pauses_with_faults: t.pauses_with_faults,
                         top_sites_in_pauses: t.sites_in.top(TOP_SITES),
@@ -243,6 +278,46 @@ impl FaultReport {
             pauses_not_listed: self.pauses_not_listed,
         }
     }
+}
+
+impl FaultReport {
+    /// A kernel tally as report totals.
+    fn totals(&self, t: &FaultTally) -> FaultTotals {
+        let (swap_in, unknown_kind) = if self.file_faults_seen {
+            (t.swap_in + t.unknown_kind, 0)
+        } else {
+            (t.swap_in, t.unknown_kind)
+        };
+        FaultTotals {
+            faults: t.faults,
+            swap_in,
+            file_backed: t.file_backed,
+            unknown_kind,
+            fault_ns: t.fault_ns,
+            blocked_ns: t.blocked_ns,
+            wait_own_ns: t.wait_own_ns,
+            wait_other_ns: t.wait_other_ns,
+        }
+    }
+}
+
+/// `a - b`, field by field (never below 0).
+fn sub_totals(a: &FaultTotals, b: &FaultTotals) -> FaultTotals {
+    FaultTotals {
+        faults: a.faults.saturating_sub(b.faults),
+        swap_in: a.swap_in.saturating_sub(b.swap_in),
+        file_backed: a.file_backed.saturating_sub(b.file_backed),
+        unknown_kind: a.unknown_kind.saturating_sub(b.unknown_kind),
+        fault_ns: a.fault_ns.saturating_sub(b.fault_ns),
+        blocked_ns: a.blocked_ns.saturating_sub(b.blocked_ns),
+        wait_own_ns: a.wait_own_ns.saturating_sub(b.wait_own_ns),
+        wait_other_ns: a.wait_other_ns.saturating_sub(b.wait_other_ns),
+    }
+}
+
+/// The larger of two totals, by fault count.
+fn max_totals(a: &FaultTotals, b: &FaultTotals) -> FaultTotals {
+    if a.faults >= b.faults { *a } else { *b }
 }
 
 fn add_totals(a: &mut FaultTotals, b: &FaultTotals) {
@@ -303,7 +378,7 @@ mod tests {
     #[test]
     fn totals_sites_and_distributions() {
         let mut r = FaultReport::default();
-        r.set_backend("test");
+        r.set_backend("test", false);
         r.pause(&pause(
             1,
             10,
@@ -360,6 +435,53 @@ mod tests {
         d.record(100_000);
         let d = d.distribution();
         assert_eq!((d.max / 1_000_000, d.p50 / 1_000), (40, 100));
+    }
+
+    #[test]
+    fn kernel_counts_give_the_totals_and_events_the_pauses() {
+        use tracer_common::fault::FaultTally;
+        let mut r = FaultReport::default();
+        r.set_backend("tracepoint", true);
+        r.pause(&pause(
+            1,
+            10,
+            1_000,
+            2_000,
+            vec![fault(1, 10, 1_500, 2_500, "runtime.(*spanSet).reset")],
+        ));
+        r.fault(
+            &fault(1, 11, 6_000, 6_100, "main.work"),
+            Membership::Outside,
+        );
+        // The kernel counted 10 more outside, 7 of them shed; unmarked ones
+        // are swap-ins where the backend marks every file-backed fault.
+        let tally = |faults, unknown_kind| FaultTally {
+            faults,
+            unknown_kind,
+            fault_ns: faults * 100,
+            ..FaultTally::default()
+        };
+        r.counted(
+            1,
+            &FaultCounts {
+                in_pause: tally(1, 1),
+                outside: tally(11, 11),
+                shed: tally(7, 7),
+            },
+        );
+        let p = &r.summary().processes[0];
+        assert!(p.counted_in_kernel);
+        assert_eq!(
+            (p.all.faults, p.all.swap_in, p.all.unknown_kind),
+            (12, 12, 0)
+        );
+        assert_eq!(p.in_pauses.faults, 1);
+        assert_eq!(p.outside_pauses.faults, 11);
+        assert_eq!((p.outside_pauses_sent, p.shed), (1, 7));
+        // A count that trails the events never lowers the totals.
+        r.counted(1, &FaultCounts::default());
+        let p = &r.summary().processes[0];
+        assert_eq!((p.all.faults, p.outside_pauses.faults), (2, 1));
     }
 
     #[test]

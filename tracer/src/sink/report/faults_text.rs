@@ -106,6 +106,16 @@ pub fn render_text(summary: &FaultSummary, max_pauses: usize) -> String {
             sites(&mut out, "    ", &p.top_sites_in_pauses);
         }
         let _ = writeln!(out, "  outside pauses: {}", totals(&p.outside_pauses));
+        if p.shed > 0 {
+            let _ = writeln!(
+                out,
+                "    {} of them with their stacks (a {:.1}% sample): {} shed while the ring \
+                 buffer was more than half full; sites below are from the sample",
+                p.outside_pauses_sent,
+                100.0 * p.outside_pauses_sent as f64 / p.outside_pauses.faults.max(1) as f64,
+                p.shed
+            );
+        }
         sites(&mut out, "    ", &p.top_sites_outside_pauses);
     }
     out
@@ -129,7 +139,7 @@ mod tests {
     #[test]
     fn text_names_pause_sites_and_split() {
         let mut r = FaultReport::default();
-        r.set_backend("tracepoint");
+        r.set_backend("tracepoint", false);
         r.process(2);
         r.pause(&ObservedPause {
             record: record(1, 0, 40_000_000),

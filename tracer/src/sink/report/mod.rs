@@ -106,6 +106,12 @@ pub struct ProcessSummary {
     #[serde(flatten)]
     pub process: ProcessEntry,
     pub pauses: u64,
+    /// `stopTheWorldWithSema` entries the kernel counted while traced: every
+    /// stop the process made, whether or not its pause reached gostw.
+    pub stops_counted: u64,
+    /// Stops counted with no pause record: `stops_counted - pauses` (a stop
+    /// still in progress when the trace ended counts here too).
+    pub pauses_lost: u64,
     pub total_ns: u64,
     pub by_reason: Vec<ReasonSummary>,
     /// The longest pauses, longest first.
@@ -249,6 +255,10 @@ pub struct ReportSink {
     throttling: HashMap<u32, CpuThrottling>,
     exposure: ExposureReport,
     counters: Vec<(Counter, u64)>,
+    /// Stops the kernel counted, per process.
+    stops: HashMap<u32, u64>,
+    /// Said on standard error that fault events are being shed.
+    shedding_said: bool,
     losses: Losses,
     correlator: CorrelatorStats,
     cost: Option<Arc<crate::bpf_stats::CostReading>>,
@@ -272,6 +282,8 @@ impl ReportSink {
             throttling: HashMap::new(),
             exposure: ExposureReport::default(),
             counters: Vec::new(),
+            stops: HashMap::new(),
+            shedding_said: false,
             losses: Losses::default(),
             correlator: CorrelatorStats::default(),
             cost: None,
@@ -336,6 +348,11 @@ impl ReportSink {
                         exit_code: *exit_code,
                     },
                     pauses: p.count(),
+                    stops_counted: self.stops.get(&info.pid).copied().unwrap_or(0),
+                    pauses_lost: self
+                        .stops
+                        .get(&info.pid)
+                        .map_or(0, |&n| n.saturating_sub(p.count())),
                     total_ns: by_reason.iter().map(|r| r.total_ns).sum(),
                     by_reason,
                     worst: p.worst.clone(),
@@ -365,11 +382,11 @@ impl ReportSink {
             advice,
             lost: Lost {
                 // Counters that split another one (per-kind ring buffer
-                // drops) are not added twice.
+                // drops) are not added twice; shed faults are counted.
                 total: self
                     .counters
                     .iter()
-                    .filter(|(c, _)| c.part_of().is_none())
+                    .filter(|(c, _)| c.part_of().is_none() && c.is_loss())
                     .map(|&(_, n)| n)
                     .sum::<u64>()
                     + self.losses.lost(),
@@ -508,10 +525,11 @@ impl Sink for ReportSink {
             }
             Observed::Counts {
                 pid,
+                stop_the_world_entries,
                 samples,
                 sample_hz,
-                ..
             } => {
+                *self.stops.entry(*pid).or_default() += stop_the_world_entries;
                 if let Some(w) = self.stack_watch(*pid) {
                     w.samples.0 += samples.all;
                     w.samples.1 += samples.stack_growth;
@@ -519,6 +537,11 @@ impl Sink for ReportSink {
                     if let Some(image) = &w.image {
                         let _ = image.bias();
                     }
+                }
+            }
+            Observed::FaultCounts { pid, counts } => {
+                if let Some(f) = &mut self.faults {
+                    f.counted(*pid, counts);
                 }
             }
             Observed::StackSites {
@@ -543,13 +566,24 @@ impl Sink for ReportSink {
                     choice.reason
                 );
                 if let Some(f) = &mut self.faults {
-                    f.set_backend(choice.backend.name());
+                    f.set_backend(choice.backend.name(), choice.file_faults_seen);
                 }
             }
             Observed::FaultsUnavailable(why) => {
                 eprintln!("gostw: major faults not traced: {why}");
             }
-            Observed::KernelCounters(c) => self.counters.clone_from(c),
+            Observed::KernelCounters(c) => {
+                let shed = c.iter().any(|&(k, n)| k == Counter::FaultShed && n > 0);
+                if shed && !self.shedding_said && self.view != View::Stacks {
+                    self.shedding_said = true;
+                    eprintln!(
+                        "gostw: fault storm: faults outside pauses are counted but sent with \
+                         their stacks only while the ring buffer is less than half full \
+                         (every fault inside a pause is sent); the summary says how many"
+                    );
+                }
+                self.counters.clone_from(c);
+            }
             Observed::CpuThrottling { pid, throttling } => {
                 self.throttling.insert(*pid, throttling.clone());
             }

@@ -131,6 +131,13 @@ pub fn summary_text(s: &Summary) -> String {
                 .map(|c| format!("; exited with code {c}"))
                 .unwrap_or_default()
         );
+        if p.pauses_lost > 0 {
+            let _ = writeln!(
+                t,
+                "  {} of the {} stops the kernel counted have no pause record (see lost)",
+                p.pauses_lost, p.stops_counted
+            );
+        }
         if let Some(c) = &p.cpu_throttling
             && c.while_traced.nr_throttled > 0
         {

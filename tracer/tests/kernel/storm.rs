@@ -1,0 +1,155 @@
+//! A page-out storm: four times the page-out scenario's heap (256 MiB live,
+//! read back from swap by eight walkers before every GC) pushed to real swap
+//! before each of its GCs, while the real `gostw attach --json` traces it.
+//! gostw is stopped (SIGSTOP) through each round, as a tracer starved of CPU
+//! would be, so nothing drains the buffers while the round's events come.
+//! The walkers' faults outside pauses are what fills the fault ring buffer;
+//! pauses have a ring of their own and faults are counted in the kernel, so:
+//! every stop the program made is a pause record (the kernel's count of
+//! `stopTheWorldWithSema` entries, and Go's own GC pause count), gostw's fault
+//! total is the kernel's majflt, and every fault inside a pause has its stack.
+
+use std::process::Output;
+
+use serde_json::Value;
+
+use crate::{
+    faults::{GcSwapReport, majflt_agrees, start_gostw},
+    memory::signal,
+    scenario::{GcSwap, MemCgroup, SwapFile, swap_out},
+    support::{build_workload, newest_go, require_root},
+};
+
+/// Four times `gostw_scenario::PAGEOUT_ARGS`' live heap.
+const STORM_ARGS: &[&str] = &["-live-mb", "256", "-goroutines", "4000", "-walkers", "8"];
+const ROUNDS: usize = 4;
+
+fn json_lines(out: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+fn n(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+#[test]
+fn pageout_storm_loses_no_pause_and_counts_every_fault() {
+    require_root();
+    let _swap = SwapFile::create("storm", 2);
+    let go = newest_go();
+    let path = build_workload("gcswap", &go, "", &[]);
+    let cgroup = MemCgroup::create("gostw-storm");
+    let mut workload = GcSwap::start(&path, STORM_ARGS, &[("GOMAXPROCS", "8")], |pid| {
+        cgroup.add(pid)
+    });
+    let pid = workload.pid;
+    let (gostw, _stderr) = start_gostw(
+        &[
+            "attach",
+            "--json",
+            "--stacks",
+            "off",
+            "--pid",
+            &pid.to_string(),
+        ],
+        "tracing pid",
+    );
+    // gostw is stopped through each round, as a tracer starved of CPU
+    // would be: nothing is read while the round's faults and pauses
+    // arrive, so the fault ring fills past half and sheds.
+    let mut paged = 0;
+    for _ in 0..ROUNDS {
+        signal(gostw.id(), libc::SIGSTOP);
+        paged += swap_out(pid, &cgroup);
+        workload.gc();
+        signal(gostw.id(), libc::SIGCONT);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    signal(gostw.id(), libc::SIGINT);
+    let out = gostw.wait_with_output().expect("waiting for gostw");
+    assert!(
+        out.status.success(),
+        "gostw attach failed: {:?}",
+        out.status
+    );
+    let (line, majflt) = workload.quit();
+    let report: GcSwapReport =
+        serde_json::from_str(line.strip_prefix("GOSTW_REPORT ").unwrap()).unwrap();
+
+    let lines = json_lines(&out);
+    let pauses: Vec<&Value> = lines.iter().filter(|v| v["type"] == "pause").collect();
+    let s = lines
+        .iter()
+        .find(|v| v["type"] == "summary")
+        .expect("no summary line");
+    let p = &s["processes"][0];
+    let faults = &s["faults"]["processes"][0];
+    let lost = &s["lost"]["kernel"];
+    eprintln!(
+        "storm: {} MiB paged out over {ROUNDS} rounds; {} pause records, {} stops counted, \
+         Go's GC pauses (its whole life) {}; faults: gostw {} (in pauses {}, outside {} of which {} sent, {} \
+         shed), majflt {majflt}; lost {}",
+        paged >> 20,
+        pauses.len(),
+        n(&p["stops_counted"]),
+        report.gc_pause_hist.iter().map(|b| b.count).sum::<u64>(),
+        n(&faults["all"]["faults"]),
+        n(&faults["in_pauses"]["faults"]),
+        n(&faults["outside_pauses"]["faults"]),
+        n(&faults["outside_pauses_sent"]),
+        n(&faults["shed"]),
+        s["lost"],
+    );
+    // A storm it is: more faults than the fault ring holds at once
+    // (4 MiB of ~280-byte records), so some were shed.
+    assert!(majflt > 15_000, "only {majflt} major faults: no storm");
+    assert!(n(&faults["shed"]) > 0, "nothing shed: no storm");
+    // No pause lost: a record for every stop the kernel counted, and for
+    // every GC pause Go counted.
+    assert_eq!(n(&p["pauses"]), pauses.len() as u64);
+    assert_eq!(n(&p["stops_counted"]), pauses.len() as u64, "{p}");
+    assert_eq!(n(&p["pauses_lost"]), 0);
+    assert_eq!(n(&lost["ringbuf_full_pause"]), 0, "{lost}");
+    assert_eq!(n(&lost["ringbuf_full_detail"]), 0, "{lost}");
+    let gc_records = pauses
+        .iter()
+        .filter(|v| v["reason"].as_str().is_some_and(|r| r.starts_with("gc_")))
+        .count() as u64;
+    // Each GC the workload asked for while traced is two pauses (sweep and
+    // mark termination); the heap stays under its GC goal between them.
+    assert_eq!(report.gcs as usize, ROUNDS);
+    assert_eq!(
+        gc_records,
+        2 * ROUNDS as u64,
+        "GC pause records vs the GCs Go ran"
+    );
+    // Every fault counted: the kernel's majflt, to 0.1%.
+    assert!(
+        majflt_agrees(n(&faults["all"]["faults"]), majflt),
+        "gostw counted {} major faults, /proc/PID/stat says {majflt}",
+        faults["all"]["faults"]
+    );
+    assert_eq!(faults["counted_in_kernel"], true);
+    // Every fault inside a pause has its stack: the in-pause events all
+    // arrived (none lost to a full buffer) and each names a frame.
+    assert_eq!(n(&lost["ringbuf_full_fault"]), 0, "{lost}");
+    let in_records: u64 = s["faults"]["pauses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| n(&w["all"]["faults"]))
+        .sum();
+    assert!(in_records > 0, "no fault inside a pause");
+    for w in s["faults"]["pauses"].as_array().unwrap() {
+        if n(&w["all"]["faults"]) > 0 {
+            assert!(
+                !w["top_sites"].as_array().unwrap().is_empty(),
+                "a pause's faults without stacks: {w}"
+            );
+        }
+    }
+}
