@@ -9,7 +9,14 @@
 //! read and the dead ones left out: that is the number of goroutines alive
 //! (the runtime's own included, which `runtime.NumGoroutine` leaves out),
 //! sampled by a thread about every millisecond (at most ~5% of a CPU) and
-//! kept as a peak. Read from `/proc/PID/mem` and with
+//! kept as a peak. Each walk counts every goroutine alive at some time since
+//! the walk before (alive then, alive now, or started and gone in between,
+//! told by its newer goroutine id): a burst shorter than the pause between
+//! two walks is not missed, so the peak is never below the most goroutines
+//! alive at once. A server that starts goroutines per connection shows more
+//! (every `g` in use within a window: up to `allglen`), which is the memory
+//! a bigger starting stack costs: a dead `g` kept for reuse keeps a stack
+//! of the starting size (`gfput`) until a GC frees the global list's. Read from `/proc/PID/mem` and with
 //! `process_vm_readv`; the variables are found by the symbol table or, on
 //! stripped binaries, from `runtime.allgadd`'s code (`GoBinary::allglen`).
 //! Where none of that can be found the count is unknown: goroutines seen
@@ -21,6 +28,7 @@
 //! unread is incomplete: it is counted, not taken into the peak.
 
 use std::{
+    collections::HashSet,
     fs::File,
     os::unix::fs::FileExt as _,
     sync::{
@@ -75,6 +83,13 @@ impl GoroutineWatch {
     pub fn start(process: &ProcessImage) -> Option<GoroutineWatch> {
         let binary = &process.exe.binary;
         let found = binary.allglen()?;
+        let offset = |field: &str| {
+            binary
+                .struct_offsets()
+                .ok()
+                .and_then(|o| o.get(field))
+                .map(u64::from)
+        };
         let target = Target {
             pid: process.pid,
             mem: File::open(format!("/proc/{}/mem", process.pid)).ok()?,
@@ -82,20 +97,19 @@ impl GoroutineWatch {
             allglen: process.runtime_address(found.address)?,
             allgs_len: found.allgs_len.and_then(|a| process.runtime_address(a)),
             allgs: found.allgs_len.and_then(|a| process.runtime_address(a - 8)),
-            status: binary
-                .struct_offsets()
-                .ok()
-                .and_then(|o| o.get("g.atomicstatus"))
-                .map(u64::from),
+            status: offset("g.atomicstatus"),
+            goid: offset("g.goid"),
         };
         let shared = Arc::new(Shared::default());
         // The first count before returning, so a caller gets one at once.
-        target.take(&shared, target.count()?);
+        let mut last = LastWalk::default();
+        let first = target.count(&mut last, &shared)?;
+        target.take(&shared, first);
         let stop = Arc::new(AtomicBool::new(false));
         let (sh, st) = (shared.clone(), stop.clone());
         std::thread::Builder::new()
             .name("gostw-goroutines".into())
-            .spawn(move || target.sample(&sh, &st))
+            .spawn(move || target.sample(&sh, &st, last))
             .ok()?;
         Some(GoroutineWatch {
             sampler: Sampler { shared, stop },
@@ -105,6 +119,13 @@ impl GoroutineWatch {
     /// The peak so far, of complete samples only (None before the first).
     pub fn peak(&self) -> Option<u64> {
         let n = self.sampler.shared.peak.load(Ordering::Relaxed);
+        (n > 0).then_some(n)
+    }
+
+    /// The most `g`s the runtime had so far (`runtime.allglen`: goroutines
+    /// alive and dead ones kept for reuse), the bound of `peak`.
+    pub fn structs(&self) -> Option<u64> {
+        let n = self.sampler.shared.structs.load(Ordering::Relaxed);
         (n > 0).then_some(n)
     }
 
@@ -138,18 +159,29 @@ struct Sample {
 }
 
 impl Sample {
-    fn merge(self, absent_pages: u64) -> Sample {
+    fn of(alive: u64, absent_pages: u64) -> Sample {
         Sample {
-            alive: self.alive,
-            absent_pages: self.absent_pages + absent_pages,
+            alive,
+            absent_pages,
         }
     }
+}
+
+/// What the last complete walk saw, for the next one to count every
+/// goroutine that lived between the two.
+#[derive(Debug, Default)]
+struct LastWalk {
+    /// The `g`s alive then.
+    alive: HashSet<u64>,
+    /// The newest goroutine id then (0: none seen, or `g.goid` unknown).
+    newest_goid: u64,
 }
 
 /// What the sampling thread shares with the watch.
 #[derive(Debug, Default)]
 struct Shared {
     peak: AtomicU64,
+    structs: AtomicU64,
     incomplete: AtomicU64,
     absent_pages: AtomicU64,
 }
@@ -193,41 +225,44 @@ struct Target {
     allgs_len: Option<u64>,
     allgs: Option<u64>,
     status: Option<u64>,
+    goid: Option<u64>,
 }
 
 impl Target {
-    /// Goroutines alive now (`allglen` without `g.atomicstatus`); `None`
-    /// when the process cannot be read (any more).
-    fn count(&self) -> Option<Sample> {
+    /// Goroutines alive at some time since the `last` walk (`allglen`
+    /// without `g.atomicstatus`); `None` when the process cannot be read
+    /// (any more).
+    fn count(&self, last: &mut LastWalk, shared: &Shared) -> Option<Sample> {
         let (Some(allgs), Some(status)) = (self.allgs, self.status) else {
             return self.allglen();
         };
         // The slice header (array, len) in memory, or no walk.
         let absent = self.resident.presence(&[allgs], 16).ok()?.absent_pages;
         if absent > 0 {
-            return Some(Sample {
-                alive: 0,
-                absent_pages: absent,
-            });
+            return Some(Sample::of(0, absent));
         }
         let allglen = self.allglen()?;
+        if allglen.absent_pages == 0 {
+            shared.structs.fetch_max(allglen.alive, Ordering::Relaxed);
+        }
         if allglen.absent_pages > 0 || allglen.alive > MAX_WALK {
             return Some(allglen);
         }
         // A failed walk is no sample (the process is exiting, say): allglen
         // would put the cached dead g's into the peak (103 for a server of
         // 37), not stand in for the count.
-        let alive = self.live(allgs, allglen.alive, status)?;
+        let alive = self.live(allgs, allglen.alive, status, last)?;
         // The statuses were read by pid: make sure it is still this process.
         self.read(self.allglen)?;
         Some(alive)
     }
 
-    /// Count until told to stop or the process is gone, keeping the peak.
-    fn sample(&self, shared: &Shared, stop: &AtomicBool) {
+    /// Count until told to stop or the process is gone, keeping the peak;
+    /// `last`: what the first count saw.
+    fn sample(&self, shared: &Shared, stop: &AtomicBool, mut last: LastWalk) {
         while !stop.load(Ordering::Relaxed) {
             let started = Instant::now();
-            let Some(s) = self.count() else {
+            let Some(s) = self.count(&mut last, shared) else {
                 return;
             };
             self.take(shared, s);
@@ -265,10 +300,7 @@ impl Target {
         let vars = [self.allglen, self.allgs_len.unwrap_or(self.allglen)];
         let absent = self.resident.presence(&vars, 8).ok()?.absent_pages;
         if absent > 0 {
-            return Some(Sample {
-                alive: 0,
-                absent_pages: absent,
-            });
+            return Some(Sample::of(0, absent));
         }
         for _ in 0..ATTEMPTS {
             let n = self.read(self.allglen)?;
@@ -276,10 +308,7 @@ impl Target {
             if n == 0 || n >= 1 << 32 {
                 return None;
             }
-            let counted = Sample {
-                alive: n,
-                absent_pages: 0,
-            };
+            let counted = Sample::of(n, 0);
             match self.allgs_len {
                 None => return Some(counted),
                 Some(len_at) if self.read(len_at)? == n => return Some(counted),
@@ -289,10 +318,17 @@ impl Target {
         None
     }
 
-    /// Goroutines not dead among the first `n` entries of the slice whose
-    /// header is at `allgs`, with `g.atomicstatus` at `status`; of those
-    /// on pages in memory only (the array's and each `g`'s).
-    fn live(&self, allgs: u64, n: u64, status: u64) -> Option<Sample> {
+    /// The `g`s among the first `n` entries of the slice whose header is at
+    /// `allgs` that held a goroutine at some time since the `last` walk:
+    /// alive now (`g.atomicstatus` at `status` not dead), alive then, or
+    /// dead now with a goroutine id newer than any seen then. So a burst of
+    /// goroutines that starts and ends between two walks still counts: the
+    /// count is never below the most goroutines alive at once in between
+    /// (a `g` reused by several of them counts once; two that never lived
+    /// at the same time on different `g`s count twice). Of those on pages
+    /// in memory only (the array's and each `g`'s); `last` becomes this
+    /// walk when it read them all.
+    fn live(&self, allgs: u64, n: u64, status: u64, last: &mut LastWalk) -> Option<Sample> {
         let array = self.read(allgs)?;
         let slots: Vec<u64> = (0..n).map(|i| array.wrapping_add(8 * i)).collect();
         let in_memory = self.resident.presence(&slots, 8).ok()?;
@@ -306,23 +342,43 @@ impl Target {
         }
         // Entries left unread (0) are neither read nor looked up.
         gs.retain(|&g| g != 0);
-        let fields: Vec<u64> = gs.iter().map(|g| g.wrapping_add(status)).collect();
-        let g_memory = self.resident.presence(&fields, 4).ok()?;
+        // Both fields of every g on pages in memory, or neither is read.
+        let mut fields: Vec<u64> = gs.iter().map(|g| g.wrapping_add(status)).collect();
+        if let Some(goid) = self.goid {
+            fields.extend(gs.iter().map(|g| g.wrapping_add(goid)));
+        }
+        let g_memory = self.resident.presence(&fields, 8).ok()?;
+        let (status_ok, goid_ok) = g_memory.readable.split_at(gs.len());
         let readable: Vec<u64> = gs
             .iter()
-            .zip(&g_memory.readable)
-            .filter(|&(_, &ok)| ok)
-            .map(|(&g, _)| g)
+            .enumerate()
+            .filter(|&(i, _)| status_ok[i] && goid_ok.get(i).is_none_or(|&ok| ok))
+            .map(|(_, &g)| g)
             .collect();
         let statuses = read_u32s(self.pid, &readable, status)?;
-        let alive = statuses.iter().filter(|&&s| is_alive(s)).count() as u64;
-        Some(
-            Sample {
-                alive,
-                absent_pages: in_memory.absent_pages,
+        let goids = match self.goid {
+            Some(goid) => read_each(self.pid, &readable, goid, 0u64)?,
+            None => vec![0; readable.len()],
+        };
+        let since = last.newest_goid;
+        let mut alive_now = HashSet::new();
+        let mut counted = 0;
+        for ((&g, &s), &id) in readable.iter().zip(&statuses).zip(&goids) {
+            if is_alive(s) {
+                alive_now.insert(g);
             }
-            .merge(g_memory.absent_pages),
-        )
+            if is_alive(s) || last.alive.contains(&g) || (since != 0 && id > since) {
+                counted += 1;
+            }
+        }
+        let sample = Sample::of(counted, in_memory.absent_pages + g_memory.absent_pages);
+        if sample.absent_pages == 0 {
+            *last = LastWalk {
+                alive: alive_now,
+                newest_goid: goids.iter().copied().max().unwrap_or(0),
+            };
+        }
+        Some(sample)
     }
 }
 
@@ -352,27 +408,36 @@ fn is_alive(status: u32) -> bool {
 /// `process_vm_readv` (up to 1024 reads a call). An unreadable entry (a
 /// pointer read while the slice was being replaced) counts as dead.
 fn read_u32s(pid: u32, bases: &[u64], offset: u64) -> Option<Vec<u32>> {
+    read_each(pid, bases, offset, G_DEAD)
+}
+
+/// The `T` at `base + offset` for every base, read from process `pid` with
+/// `process_vm_readv` (up to 1024 reads a call); `unreadable` where an entry
+/// cannot be read.
+fn read_each<T: Copy>(pid: u32, bases: &[u64], offset: u64, unreadable: T) -> Option<Vec<T>> {
     const BATCH: usize = 1024;
-    let mut out = vec![G_DEAD; bases.len()];
+    let size = std::mem::size_of::<T>();
+    let mut out = vec![unreadable; bases.len()];
     let mut i = 0;
     while i < bases.len() {
         let end = (i + BATCH).min(bases.len());
         let local: Vec<libc::iovec> = out[i..end]
             .iter_mut()
             .map(|v| libc::iovec {
-                iov_base: (v as *mut u32).cast(),
-                iov_len: 4,
+                iov_base: (v as *mut T).cast(),
+                iov_len: size,
             })
             .collect();
         let remote: Vec<libc::iovec> = bases[i..end]
             .iter()
             .map(|&g| libc::iovec {
                 iov_base: g.wrapping_add(offset) as *mut libc::c_void,
-                iov_len: 4,
+                iov_len: size,
             })
             .collect();
-        // SAFETY: every local iovec points at a live u32 of `out`; the
-        // remote ones are only read by the kernel, in the other process.
+        // SAFETY: every local iovec points at a live `T` of `out` (plain
+        // integers: any bytes are valid); the remote ones are only read by
+        // the kernel, in the other process.
         let got = unsafe {
             libc::process_vm_readv(
                 pid as libc::pid_t,
@@ -393,7 +458,7 @@ fn read_u32s(pid: u32, bases: &[u64], offset: u64) -> Option<Vec<u32>> {
             return None;
         }
         // A short read stops at the first unreadable entry: skip it.
-        let done = usize::try_from(got).unwrap_or(0) / 4;
+        let done = usize::try_from(got).unwrap_or(0) / size;
         i += done.max(1);
     }
     Some(out)
@@ -423,20 +488,11 @@ mod tests {
     #[test]
     fn incomplete_samples_are_counted_not_taken_into_the_peak() {
         let s = Shared::default();
-        s.add(Sample {
-            alive: 40,
-            absent_pages: 0,
-        });
+        s.add(Sample::of(40, 0));
         // Fewer seen because pages were left unread: not a lower peak,
         // nor a higher one.
-        s.add(Sample {
-            alive: 12,
-            absent_pages: 3,
-        });
-        s.add(Sample {
-            alive: 90,
-            absent_pages: 1,
-        });
+        s.add(Sample::of(12, 3));
+        s.add(Sample::of(90, 1));
         assert_eq!(s.peak.load(Ordering::Relaxed), 40);
         assert_eq!(s.incomplete.load(Ordering::Relaxed), 2);
         assert_eq!(s.absent_pages.load(Ordering::Relaxed), 4);
