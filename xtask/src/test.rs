@@ -1,15 +1,22 @@
 //! `cargo xtask test`: everything CI checks, in order, with the time each
 //! step took. Kernel tests need root; they fail (not skip) without it. The
 //! last step runs the kernel tests again inside a VM on a distro kernel
-//! (`cargo xtask vm-test`).
+//! (`cargo xtask vm-test`). Everything the tests run is built once, up
+//! front, in the `build` step (the release `gostw` of the cost tests
+//! included), so no test compiles inside its own measurement.
 
-use std::{process::Command, time::Instant};
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader},
+    process::{Command, Stdio},
+    time::Instant,
+};
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
 
 use crate::{
     cmd::{exec, step, workspace_root},
-    go, setup, vm,
+    demo, go, setup, vm,
 };
 
 #[derive(clap::Args)]
@@ -20,6 +27,10 @@ pub struct Options {
     /// Skip the VM step (kernel tests on a distro kernel under QEMU).
     #[arg(long)]
     pub no_vm: bool,
+    /// Run the kernel tests (host, and VM unless --no-vm) this many times
+    /// and report each test's pass count; fails unless every run passed.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub repeat: u32,
     /// Extra arguments for the kernel test binary (e.g. a test name filter).
     #[arg(last = true)]
     pub kernel_test_args: Vec<String>,
@@ -34,6 +45,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         timings.push((name.to_owned(), t.elapsed(), r.is_ok()));
         r
     };
+    let mut tally = Tally::default();
     let result = (|| -> anyhow::Result<()> {
         if !opts.no_setup {
             timed("setup", &mut || setup::run(&setup::Options::default()))?;
@@ -74,44 +86,168 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                     .args(["--", "-D", "warnings"]),
             )
         })?;
+        let mut release = None;
+        timed("build", &mut || {
+            step(
+                "build everything the tests run, once: unit and kernel test binaries, release gostw",
+            );
+            exec(cargo().args([
+                "test",
+                "--workspace",
+                "--exclude",
+                "tracer-ebpf",
+                "--no-run",
+            ]))?;
+            exec(kernel_tests().arg("--no-run"))?;
+            release = Some(demo::build_gostw_release()?);
+            Ok(())
+        })?;
+        let release = release.context("the build step gave no release binary")?;
         timed("unit tests", &mut || {
             step("unit tests");
             exec(cargo().args(["test", "--workspace", "--exclude", "tracer-ebpf"]))
         })?;
-        timed("kernel tests", &mut || {
-            step("kernel tests (real eBPF programs, real Go binaries; serial)");
-            if !setup::is_root() {
-                bail!(
-                    "the kernel tests load eBPF programs and need root: run `sudo -E cargo xtask test`"
-                );
-            }
-            exec(
-                kernel_tests()
-                    .args(["--", "--test-threads=1"])
+        for round in 1..=opts.repeat {
+            let of = if opts.repeat > 1 {
+                format!(" (run {round} of {})", opts.repeat)
+            } else {
+                String::new()
+            };
+            let r = timed(&format!("kernel tests{of}"), &mut || {
+                step(&format!(
+                    "kernel tests (real eBPF programs, real Go binaries; serial){of}"
+                ));
+                if !setup::is_root() {
+                    bail!(
+                        "the kernel tests load eBPF programs and need root: run `sudo -E cargo xtask test`"
+                    );
+                }
+                let mut cmd = kernel_tests();
+                cmd.args(["--", "--test-threads=1"])
                     .args(vm::HOST_SKIP.iter().flat_map(|t| ["--skip", *t]))
                     .args(&opts.kernel_test_args)
                     .env("GOSTW_GO_MATRIX", go::matrix_env())
-                    .env("GOSTW_CADDY", setup::caddy_path()),
-            )
-        })?;
-        if !opts.no_vm {
-            timed("VM kernel tests", &mut || {
-                step("kernel tests in a VM (Debian's 6.1 kernel, QEMU/TCG)");
-                vm::run(&vm::Options::default())
-            })?;
+                    .env("GOSTW_CADDY", setup::caddy_path())
+                    .env("GOSTW_RELEASE_BIN", &release);
+                tally.run(&mut cmd)
+            });
+            if opts.repeat == 1 {
+                r?;
+            }
+            if !opts.no_vm {
+                let r = timed(&format!("VM kernel tests{of}"), &mut || {
+                    step(&format!(
+                        "kernel tests in a VM (Debian's 6.1 kernel, QEMU/TCG){of}"
+                    ));
+                    vm::run(&vm::Options::default())
+                });
+                tally.vm(r.is_ok());
+                if opts.repeat == 1 {
+                    r?;
+                }
+            }
+        }
+        if opts.repeat > 1 {
+            tally.report(opts.repeat)?;
         }
         Ok(())
     })();
     eprintln!("\n==> summary ({:.0?} in all)", started.elapsed());
     for (name, took, ok) in &timings {
         eprintln!(
-            "  {:<24} {:>8.1?}  {}",
+            "  {:<28} {:>8.1?}  {}",
             name,
             took,
             if *ok { "ok" } else { "FAILED" }
         );
     }
     result
+}
+
+/// Pass counts per kernel test over repeated runs.
+#[derive(Default)]
+struct Tally {
+    /// Test name: (passed, ran).
+    tests: BTreeMap<String, (u32, u32)>,
+    /// VM suite runs: (passed, ran).
+    vm: (u32, u32),
+}
+
+impl Tally {
+    /// Run the kernel test binary through `cmd`, its output passed through
+    /// as it comes, counting each test's result.
+    fn run(&mut self, cmd: &mut Command) -> anyhow::Result<()> {
+        eprintln!("+ {cmd:?}");
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting the kernel tests")?;
+        let stdout = child.stdout.take().context("kernel test output")?;
+        for line in BufReader::new(stdout).lines() {
+            let line = line?;
+            println!("{line}");
+            if let Some((name, ok)) = result_of(&line) {
+                let e = self.tests.entry(name.to_owned()).or_default();
+                e.0 += u32::from(ok);
+                e.1 += 1;
+            }
+        }
+        let status = child.wait()?;
+        if !status.success() {
+            bail!("the kernel tests failed ({status})");
+        }
+        Ok(())
+    }
+
+    fn vm(&mut self, ok: bool) {
+        self.vm.0 += u32::from(ok);
+        self.vm.1 += 1;
+    }
+
+    /// Print every test's pass count; fail unless all passed every time.
+    fn report(&self, runs: u32) -> anyhow::Result<()> {
+        step(&format!("kernel tests over {runs} runs"));
+        let flaky: Vec<_> = self
+            .tests
+            .iter()
+            .filter(|(_, (passed, ran))| passed < ran || *ran < runs)
+            .collect();
+        for (name, (passed, ran)) in &self.tests {
+            println!("  {passed:>3}/{ran:<3} {name}");
+        }
+        if self.vm.1 > 0 {
+            println!("  {:>3}/{:<3} VM suite (debian-6.1)", self.vm.0, self.vm.1);
+        }
+        println!(
+            "{} tests, {} passed every run, {} did not",
+            self.tests.len(),
+            self.tests.len() - flaky.len(),
+            flaky.len()
+        );
+        if !flaky.is_empty() || self.vm.0 < self.vm.1 {
+            bail!(
+                "not every run passed: {:?}{}",
+                flaky.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+                if self.vm.0 < self.vm.1 {
+                    " and the VM suite"
+                } else {
+                    ""
+                }
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A libtest result line: `test NAME ... ok` or `... FAILED`.
+fn result_of(line: &str) -> Option<(&str, bool)> {
+    let rest = line.strip_prefix("test ")?;
+    let (name, result) = rest.rsplit_once(" ... ")?;
+    match result.trim() {
+        "ok" => Some((name, true)),
+        "FAILED" => Some((name, false)),
+        _ => None,
+    }
 }
 
 /// `cargo` run from the workspace root.
@@ -127,4 +263,32 @@ pub fn kernel_tests() -> Command {
     c.args(["test", "--package", "tracer", "--features", "kernel-tests"])
         .args(["--test", "kernel"]);
     c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_are_read_from_libtest_lines() {
+        assert_eq!(
+            result_of("test faults::kprobe_backend_pageout ... ok"),
+            Some(("faults::kprobe_backend_pageout", true))
+        );
+        assert_eq!(
+            result_of("test storm::pageout_storm ... FAILED"),
+            Some(("storm::pageout_storm", false))
+        );
+        assert_eq!(result_of("test result: ok. 3 passed; 0 failed"), None);
+        assert_eq!(result_of("running 3 tests"), None);
+    }
+
+    #[test]
+    fn a_test_that_failed_once_fails_the_report() {
+        let mut t = Tally::default();
+        t.tests.insert("a".into(), (2, 2));
+        assert!(t.report(2).is_ok());
+        t.tests.insert("b".into(), (1, 2));
+        assert!(t.report(2).is_err());
+    }
 }

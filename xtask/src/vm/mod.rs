@@ -88,6 +88,31 @@ impl Default for Options {
     }
 }
 
+/// Every name filter of `test_args` (arguments not starting with `-`)
+/// matches at least one test of the kernel test binary `tests`: a filter
+/// that matches none would leave its part of the suite unrun, silently.
+fn check_filters(tests: &std::path::Path, test_args: &[String]) -> anyhow::Result<()> {
+    let list = crate::cmd::output(std::process::Command::new(tests).args(["--list"]))?;
+    let names: Vec<&str> = list
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .collect();
+    let unmatched = unmatched_filters(&names, test_args);
+    if !unmatched.is_empty() {
+        bail!("VM test filter(s) {unmatched:?} match no kernel test: fix the filter list");
+    }
+    Ok(())
+}
+
+/// The name filters among `args` that are a substring of no name.
+fn unmatched_filters<'a>(names: &[&str], args: &'a [String]) -> Vec<&'a str> {
+    args.iter()
+        .map(String::as_str)
+        .filter(|a| !a.starts_with('-'))
+        .filter(|f| !names.iter().any(|n| n.contains(f)))
+        .collect()
+}
+
 pub fn run(opts: &Options) -> anyhow::Result<()> {
     let spec = kernel::spec(&opts.kernel)?;
     let kernel = kernel::fetch(spec)?;
@@ -109,6 +134,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     } else {
         opts.test_args.clone()
     };
+    check_filters(&binaries.tests, &test_args)?;
     let initrd = work.join("initramfs.cpio");
     payload::build_initramfs(
         &payload::Payload {
@@ -180,4 +206,24 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filter_that_matches_no_test_is_named() {
+        let names = ["faults::kprobe_backend_pageout", "stw_probe::pauses"];
+        let args: Vec<String> = [
+            "stw_probe::",
+            "--nocapture",
+            "memory::gone_",
+            "faults::kprobe",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(unmatched_filters(&names, &args), ["memory::gone_"]);
+        assert!(unmatched_filters(&names, &args[..2]).is_empty());
+    }
 }
