@@ -9,14 +9,15 @@
 //! `stopTheWorldWithSema` entries, and Go's own GC pause count), gostw's fault
 //! total is the kernel's majflt, and every fault inside a pause has its stack.
 
-use std::process::Output;
+use std::{process::Output, time::Duration};
 
 use serde_json::Value;
 
 use crate::{
+    agent::{Procs, free_port, http_get, start_agent, sum_series, wait_until},
     faults::{GcSwapReport, majflt_agrees, start_gostw},
     memory::signal,
-    scenario::{GcSwap, MemCgroup, SwapFile, swap_out},
+    scenario::{GcSwap, MemCgroup, SwapFile, majflt, swap_out},
     support::{build_workload, newest_go, require_root},
 };
 
@@ -151,5 +152,105 @@ fn pageout_storm_loses_no_pause_and_counts_every_fault() {
                 "a pause's faults without stacks: {w}"
             );
         }
+    }
+}
+
+/// The same storm through the agent, on two processes at once (128 MiB live
+/// each: four times the scenario's heap together), the agent stopped through
+/// each round: its pause series count every stop the kernel counted, and
+/// its fault series (sent and shed faults together) every major fault of
+/// both processes since they were traced.
+#[test]
+fn agent_counts_every_pause_and_fault_of_a_storm() {
+    require_root();
+    let _swap = SwapFile::create("storm-agent", 2);
+    let cgroup = MemCgroup::create("gostw-storm-agent");
+    let mut procs = Procs::new("storm-agent");
+    // A copy of the workload at a path of this test's own, for --match.
+    let path = procs.dir().join("gcswap-storm");
+    std::fs::copy(build_workload("gcswap", &newest_go(), "", &[]), &path).unwrap();
+    let port = free_port();
+    let matching = format!("^{}$", regex::escape(&path.display().to_string()));
+    start_agent(&mut procs, port, &matching, &[]);
+    let agent = procs.children[0].1.id();
+    let args = ["-live-mb", "128", "-goroutines", "4000", "-walkers", "8"];
+    let mut workloads: Vec<GcSwap> = (0..2)
+        .map(|_| GcSwap::start(&path, &args, &[("GOMAXPROCS", "8")], |pid| cgroup.add(pid)))
+        .collect();
+    let scrape = || {
+        let (status, body) = http_get(port, "/metrics").expect("scraping the agent");
+        assert_eq!(status, 200);
+        body
+    };
+    let exe = r#"executable="gcswap-storm""#;
+    wait_until("the agent to trace both", Duration::from_secs(30), || {
+        let body = scrape();
+        (sum_series(&body, "gostw_traced_processes", &[exe]) == 2.0).then_some(())
+    });
+    let base: u64 = workloads.iter().map(|w| majflt(w.pid)).sum();
+    let before = scrape();
+    eprintln!(
+        "before the storm: {} pauses, {} stops",
+        sum_series(&before, "gostw_pause_duration_seconds_count", &[exe]),
+        sum_series(&before, "gostw_stop_the_world_entries_total", &[exe])
+    );
+    for _ in 0..ROUNDS {
+        signal(agent, libc::SIGSTOP);
+        for w in &mut workloads {
+            swap_out(w.pid, &cgroup);
+        }
+        for w in &mut workloads {
+            w.gc();
+        }
+        signal(agent, libc::SIGCONT);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let faults: u64 = workloads.iter().map(|w| majflt(w.pid)).sum::<u64>() - base;
+    // The agent reads the kernel's counts once a second, and releases a
+    // pause 50 ms after it: both series settle within a few seconds.
+    let settled = |body: &str| {
+        let counted = sum_series(body, "gostw_major_faults_total", &[exe]) as u64;
+        let pauses = sum_series(body, "gostw_pause_duration_seconds_count", &[exe]);
+        let stops = sum_series(body, "gostw_stop_the_world_entries_total", &[exe]);
+        majflt_agrees(counted, faults) && pauses == stops
+    };
+    let mut body = scrape();
+    for _ in 0..20 {
+        if settled(&body) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        body = scrape();
+    }
+    let counted = sum_series(&body, "gostw_major_faults_total", &[exe]) as u64;
+    let shed = sum_series(
+        &body,
+        "gostw_agent_bpf_errors_total",
+        &[r#"counter="fault_shed""#],
+    ) as u64;
+    let pauses = sum_series(&body, "gostw_pause_duration_seconds_count", &[exe]) as u64;
+    let stops = sum_series(&body, "gostw_stop_the_world_entries_total", &[exe]) as u64;
+    let lost = sum_series(&body, "gostw_agent_events_lost_total", &[]) as u64;
+    eprintln!(
+        "agent storm: {faults} major faults since traced, {counted} counted ({shed} shed); \
+         {pauses} pauses, {stops} stops counted; {lost} events lost"
+    );
+    assert!(shed > 0, "nothing shed: no storm");
+    assert!(
+        majflt_agrees(counted, faults),
+        "the agent counted {counted} major faults, /proc says {faults}"
+    );
+    let errors: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("gostw_agent_bpf_errors_total"))
+        .collect();
+    assert_eq!(
+        pauses, stops,
+        "a stop without its pause in the series: {errors:#?}"
+    );
+    assert!(pauses >= 2 * 2 * ROUNDS as u64, "{pauses} pauses");
+    assert_eq!(lost, 0, "events lost:\n{body}");
+    for w in workloads {
+        let _ = w.quit();
     }
 }
