@@ -74,6 +74,9 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                     .args(["--", "-D", "warnings"]),
             )
         })?;
+        timed("book", &mut || {
+            crate::book::build(&std::env::temp_dir().join("gostw-book"))
+        })?;
         timed("unit tests", &mut || {
             step("unit tests");
             exec(cargo().args(["test", "--workspace", "--exclude", "tracer-ebpf"]))
