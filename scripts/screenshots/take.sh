@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's pictures of gostw's output formats, taken headless, on loopback:
+# The book's pictures (docs/*.png) of gostw's output formats, taken headless, on loopback:
 #   docs/pprof-faults-in-pauses.png  `go tool pprof -http` (flame graph) on the
 #                                    page-out scenario's fault profile, focused
 #                                    on the faults inside pauses

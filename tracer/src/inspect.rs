@@ -1,6 +1,6 @@
 //! `gostw inspect`: what gostw finds in a Go binary (or a running process's
 //! executable) and how it would trace it on this machine. `--json` prints
-//! the `InspectReport` below; README's "gostw inspect" section documents it.
+//! the `InspectReport` below; docs/guide/inspect.md and docs/reference/json.md document it.
 
 use std::{fmt::Write as _, path::PathBuf};
 
@@ -24,7 +24,7 @@ pub struct InspectArgs {
     /// Analyse the executable of this running process (containers too).
     #[arg(long)]
     pub pid: Option<u32>,
-    /// Print one JSON object (schema: README, "gostw inspect").
+    /// Print one JSON object (schema: docs/reference/json.md).
     #[arg(long)]
     pub json: bool,
 }

@@ -5,9 +5,13 @@
 //! decode, correlate) -> `sink` (report, metrics). `target` says which
 //! processes are traced; `image` symbolizes for everyone.
 
+// The command line's modules name the library `tracer::`, as the binary does.
+extern crate self as tracer;
+
 pub mod agent;
 pub mod binary;
 pub mod bpf_stats;
+pub mod cli;
 pub mod engine;
 pub mod formats;
 pub mod image;
@@ -15,6 +19,7 @@ pub mod inspect;
 pub mod kernel;
 pub mod memory;
 pub mod privilege;
+pub mod reference;
 pub mod sink;
 pub mod stackgrowth;
 pub mod targets;

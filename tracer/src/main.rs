@@ -1,42 +1,12 @@
 //! The `gostw` command line.
 
-mod cli;
-
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-
-#[derive(Parser)]
-#[command(
-    name = "gostw",
-    version,
-    about = "Explains Go stop-the-world pauses and goroutine stack growth on live processes"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Trace the stop-the-world pauses of a running Go process.
-    Attach(cli::attach::Args),
-    /// Start a Go program and trace it from its first instruction; exits with
-    /// the program's exit code.
-    Run(cli::run::Args),
-    /// Show what gostw finds in a Go binary or a running process's executable.
-    Inspect(tracer::inspect::InspectArgs),
-    /// Goroutine stack growth: call sites, sizes, cost, and the starting
-    /// stack that would avoid it (`--pid PID` or `-- CMD ARGS`).
-    Stacks(cli::stacks::StacksArgs),
-    /// Node agent: trace every Go process of the host, serve Prometheus metrics.
-    Agent(tracer::agent::Args),
-    /// Major page faults of a process and the pauses they lengthen.
-    Faults(cli::faults::Args),
-    /// Memory and swap exposure of a Go process now, by what Go uses it
-    /// for, with its cgroup, the host's swap traffic, and advice.
-    Memory(cli::memory::Args),
-}
+use clap::Parser as _;
+use tracer::cli::{
+    self,
+    command::{Cli, Command},
+};
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();

@@ -4,6 +4,7 @@
 //! `cargo xtask vm-test` runs the kernel tests in a VM on a distro kernel.
 
 mod bench;
+mod book;
 mod cmd;
 mod demo;
 mod fuzz;
@@ -34,6 +35,9 @@ enum Task {
     Demo(demo::Options),
     /// Measure tracing overhead: traced vs untraced runs of a Go workload.
     Bench(bench::Options),
+    /// Rewrite the book's generated reference pages (docs/reference/cli.md)
+    /// and build the book (`mkdocs build --strict`, into target/book).
+    Book(book::Options),
     /// Run the kernel tests in a QEMU VM on a distro kernel (kprobes).
     VmTest(vm::Options),
     /// Run `gostw agent` for a while as Go processes come and go; report its
@@ -59,6 +63,7 @@ fn main() -> std::process::ExitCode {
         Task::Test(opts) => test::run(&opts),
         Task::Demo(opts) => demo::run(&opts),
         Task::Bench(opts) => bench::run(&opts),
+        Task::Book(opts) => book::run(&opts),
         Task::VmTest(opts) => vm::run(&opts),
         Task::SoakAgent(opts) => soak::run(&opts),
         Task::Scenario(opts) => scenario::run(&opts),

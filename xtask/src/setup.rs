@@ -59,6 +59,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     }
     if !opts.minimal {
         caddy()?;
+        crate::book::install_mkdocs()?;
     }
     eprintln!("setup: done");
     Ok(())

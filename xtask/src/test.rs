@@ -86,6 +86,9 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                     .args(["--", "-D", "warnings"]),
             )
         })?;
+        timed("book", &mut || {
+            crate::book::build(&std::env::temp_dir().join("gostw-book"))
+        })?;
         let mut release = None;
         timed("build", &mut || {
             step(

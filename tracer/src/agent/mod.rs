@@ -59,7 +59,8 @@ pub struct Args {
     pub max_label_sets: u32,
     /// Read Go's stopping phase of every pause (Go 1.22+). Off by default:
     /// its probe fires inside every pause of every traced process and adds
-    /// its own latency to it (README, "Stopping phase"). Also explains
+    /// its own latency to it (docs/guide/attach-and-run.md, "Stopping phase"). Also
+    /// explains
     /// each pause (the breakdown series need the stopping phase).
     #[arg(long)]
     pub stopping: bool,

@@ -1,8 +1,8 @@
 //! Where an entry uprobe costs least. The kernel runs the instruction under
 //! a uprobe either by emulating it (relative jumps and calls, conditional
 //! jumps, NOPs, PUSH: one trap) or by single-stepping a copy of it (a second
-//! trap). Single-stepping costs about 9 us more per hit on these VMs (README,
-//! "Cost"). A Go function's prologue checks the stack bound and branches to
+//! trap). Single-stepping costs about 9 us more per hit on these VMs (docs/cost-and-accuracy/cost.md).
+//! A Go function's prologue checks the stack bound and branches to
 //! `morestack`:
 //!
 //! ```text

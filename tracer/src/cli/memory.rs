@@ -16,7 +16,7 @@ pub struct Args {
     /// The process to read.
     #[arg(long)]
     pid: u32,
-    /// The report as one JSON document (README.md, "Memory and swap exposure").
+    /// The report as one JSON document (docs/reference/json.md).
     #[arg(long)]
     json: bool,
     /// Measure the host's swap traffic over this long (0: do not).

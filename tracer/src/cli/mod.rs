@@ -2,6 +2,7 @@
 //! view on the one engine (`trace`).
 
 pub mod attach;
+pub mod command;
 pub mod faults;
 pub mod memory;
 pub mod outputs;
@@ -31,7 +32,7 @@ pub struct TraceOptions {
     /// default 1ms, or every pause with --json.
     #[arg(long, value_parser = parse_duration)]
     pub threshold: Option<Duration>,
-    /// JSON lines (README.md, "JSON output") instead of text.
+    /// JSON lines (docs/reference/json.md) instead of text.
     #[arg(long)]
     pub json: bool,
     /// Write the trace to this file instead of standard output.
@@ -50,14 +51,14 @@ pub struct TraceOptions {
     #[arg(long, value_enum, default_value_t = StacksOption::Sampled)]
     pub stacks: StacksOption,
     /// Do not read Go's stopping phase (Go 1.22+): its probe fires inside
-    /// every pause and adds its own latency to it (README, "Stopping phase").
+    /// every pause and adds its own latency to it (docs/guide/attach-and-run.md, "Stopping phase").
     #[arg(long)]
     pub no_stopping: bool,
     /// Do not explain pauses (the goroutine stack that asked for each stop).
     #[arg(long)]
     pub no_explain: bool,
     /// Read the process's memory exposure this often, besides at the start
-    /// and end of the trace (0: only then); README, "Memory and swap exposure".
+    /// and end of the trace (0: only then); docs/guide/memory.md.
     #[arg(long, value_parser = parse_duration, default_value = "2s")]
     pub exposure_every: Duration,
 }

@@ -67,7 +67,7 @@ pub struct CoreOptions {
     pub stacks: Option<StackGrowthOptions>,
     /// Read Go's stopping phase where `stopTheWorldWithSema` records it
     /// (Go 1.22+). That probe fires inside the pause and adds its trap
-    /// (0.8 us here) to it (README, "Stopping phase").
+    /// (0.8 us here) to it (docs/guide/attach-and-run.md, "Stopping phase").
     pub stopping: bool,
     /// Explain pauses: the caller of each stop (read at the entry probe),
     /// and, with the scheduler programs, the stopping thread's off-CPU time

@@ -1,7 +1,7 @@
 //! Where the pause probes go in one executable. Each sits where the kernel
 //! emulates the probed instruction when the code allows it (one trap, 0.8 us
 //! here; a single-stepped instruction costs a second trap, 10 us in all:
-//! README, "Cost"):
+//! docs/cost-and-accuracy/cost.md):
 //! - the entry: the prologue's stack-check branch (`GoFunction::entry_probe_offset`);
 //! - the stopping phase (Go 1.22+, when asked for): `stopTheWorldWithSema`'s
 //!   two calls of `timeHistogram.record` (GC and other pauses), RBX = Go's

@@ -1,7 +1,7 @@
 //! Advice from what was measured: each item a finding, the evidence that
 //! shows it (numbers), and what to change. An item appears only when its
-//! evidence passes the threshold named here (README, "Memory and swap
-//! exposure", lists them). The pause, stack-growth and throttling inputs are
+//! evidence passes the threshold named here (docs/guide/memory.md,
+//! "Advice", lists them). The pause, stack-growth and throttling inputs are
 //! plain structs the tracing engine fills from its summaries.
 
 use super::{

@@ -1324,7 +1324,7 @@ func main() {
 }
 
 /// Size of the large binary the memory tests build (MB of embedded data);
-/// `GOSTW_LARGE_BINARY_MB` overrides it (README's 500 MB figure).
+/// `GOSTW_LARGE_BINARY_MB` overrides it (the 500 MB figure of docs/guide/deployment.md).
 fn large_mb() -> usize {
     std::env::var("GOSTW_LARGE_BINARY_MB")
         .ok()
@@ -1513,18 +1513,20 @@ fn http_get(port: u16, path: &str) -> Option<String> {
 }
 
 /// Every key `gostw inspect --json` prints, at every depth (function and
-/// struct-offset names included), is documented in README's inspect schema:
+/// struct-offset names included), is documented in the book's inspect schema
+/// (docs/reference/json.md, "gostw inspect"):
 /// for a plain, a stripped, a stripped buildinfo-less and an arm64 binary,
 /// and for a running process (`--pid`).
 #[test]
-fn inspect_json_keys_are_documented_in_readme() {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-            .unwrap();
-    let start = readme
-        .find("### JSON schema (`schema_version` 1)")
-        .expect("README has the inspect JSON schema");
-    let section = &readme[start..];
+fn inspect_json_keys_are_documented_in_the_book() {
+    let page = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference/json.md"),
+    )
+    .unwrap();
+    let start = page
+        .find("\n## gostw inspect\n")
+        .expect("docs/reference/json.md has the inspect JSON schema");
+    let section = &page[start + 1..];
     let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
     // Words inside backticks: `key`, `{address, size}`, `"value"`.
     let documented: std::collections::BTreeSet<String> = section
@@ -1574,7 +1576,7 @@ fn inspect_json_keys_are_documented_in_readme() {
         .collect();
     assert!(
         missing.is_empty(),
-        "keys of gostw inspect --json missing from README's schema: {missing:?}"
+        "keys of gostw inspect --json missing from docs/reference/json.md: {missing:?}"
     );
     eprintln!("{} JSON keys of gostw inspect are documented", seen.len());
 }

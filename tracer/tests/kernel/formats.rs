@@ -309,7 +309,7 @@ fn inlined_frames_and_build_id(go: &GoToolchain) {
 /// fault profile: the timeline holds one complete event per pause record
 /// with the record's start and duration, one slice per fault; `go tool
 /// pprof -top` of the in-pause faults lists runtime GC frames. The files
-/// stay in target/formats-test (the README's pictures are of them).
+/// stay in target/formats-test (the book's pictures are of them).
 pub fn check_pageout_outputs(go: &GoToolchain, pid: u32, pauses: &[PauseRecord], faults: &[Fault]) {
     let pauses: Vec<&PauseRecord> = pauses.iter().filter(|p| p.pid == pid).collect();
     let faults: Vec<&Fault> = faults.iter().filter(|f| f.tgid == pid).collect();

@@ -1,4 +1,4 @@
-//! The series of a pause's explanation (README "Why a pause was slow"),
+//! The series of a pause's explanation (docs/guide/why-slow.md),
 //! with bounded labels only: the process's labels, the pause's reason, and
 //! a part of the breakdown or a laggard state (fixed lists). Threads,
 //! functions and callers are not labels: they are in the pause records.

@@ -28,6 +28,8 @@ pub struct PauseWindow {
     /// Window start and end, CLOCK_MONOTONIC ns.
     pub start_ns: u64,
     pub end_ns: u64,
+    /// The start as Unix time (what text output shows).
+    pub start_unix_ns: u64,
 }
 
 /// Faults inside one pause.
@@ -180,6 +182,7 @@ impl FaultReport {
             stopper_tid: r.tid,
             start_ns: r.start_mono_ns,
             end_ns: r.start_mono_ns + r.duration_ns,
+            start_unix_ns: r.start_unix_ns,
         };
         let mut entry = PauseFaults {
             window,

@@ -3,7 +3,10 @@
 use std::fmt::Write as _;
 
 use super::faults::FaultSummary;
-use crate::engine::fault::{FaultSite, FaultTotals};
+use crate::{
+    engine::fault::{FaultSite, FaultTotals},
+    units::fmt_time_of_day,
+};
 
 fn ms(ns: u64) -> String {
     format!("{:.3} ms", ns as f64 / 1e6)
@@ -89,8 +92,8 @@ pub fn render_text(summary: &FaultSummary, max_pauses: usize) -> String {
         for w in worst.iter().take(max_pauses) {
             let _ = writeln!(
                 out,
-                "  pause at {:.6}s, {}: {}",
-                w.window.start_ns as f64 / 1e9,
+                "  pause at {}, {}: {}",
+                fmt_time_of_day(w.window.start_unix_ns),
                 ms(w.duration_ns),
                 totals(&w.all)
             );
@@ -141,8 +144,12 @@ mod tests {
         let mut r = FaultReport::default();
         r.set_backend("tracepoint", false);
         r.process(2);
+        // Monotonic and Unix clocks far apart, as on a real host: people
+        // read wall-clock time, never seconds since boot.
+        let mut pause = record(1, 1_191_758_876_000, 40_000_000);
+        pause.start_unix_ns = 1_700_000_000_123_456_000;
         r.pause(&ObservedPause {
-            record: record(1, 0, 40_000_000),
+            record: pause,
             faults: vec![Fault {
                 tgid: 1,
                 tid: 1,
@@ -168,6 +175,12 @@ mod tests {
         assert!(text.contains("39.000 ms in faults"), "{text}");
         assert!(text.contains("runtime.(*spanSet).reset"), "{text}");
         assert!(text.contains("stopping thread 1: 1"), "{text}");
+        let at = format!(
+            "pause at {}, 40.000 ms",
+            fmt_time_of_day(1_700_000_000_123_456_000)
+        );
+        assert!(text.contains(&at), "{at} in {text}");
+        assert!(!text.contains("1191.758876"), "{text}");
         // A process without faults is one line, not a row of zeros.
         assert!(text.contains("pid 2: no major faults (0 pauses)"), "{text}");
         assert!(

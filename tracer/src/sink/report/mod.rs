@@ -1,6 +1,6 @@
 //! What gostw prints: a live line (or JSON line) per notable pause, and a
 //! summary at the end. The JSON field names are a stable interface
-//! (README.md, "JSON output"); units are in the names. One sink serves every
+//! (docs/reference/json.md); units are in the names. One sink serves every
 //! terminal front end; its `View` says which summary it ends with.
 //!
 //! - `pauses`: per reason statistics; `faults`: the fault summary.

@@ -1,0 +1,38 @@
+//! The `gostw` command line's definition: the binary parses it, and the
+//! book's CLI reference (`docs/reference/cli.md`) is rendered from it.
+
+use clap::{Parser, Subcommand};
+
+use super::{attach, faults, memory, run, stacks};
+
+#[derive(Parser)]
+#[command(
+    name = "gostw",
+    version,
+    about = "Explains Go stop-the-world pauses and goroutine stack growth on live processes"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Trace the stop-the-world pauses of a running Go process.
+    Attach(attach::Args),
+    /// Start a Go program and trace it from its first instruction; exits with
+    /// the program's exit code.
+    Run(run::Args),
+    /// Show what gostw finds in a Go binary or a running process's executable.
+    Inspect(crate::inspect::InspectArgs),
+    /// Goroutine stack growth: call sites, sizes, cost, and the starting
+    /// stack that would avoid it (`--pid PID` or `-- CMD ARGS`).
+    Stacks(stacks::StacksArgs),
+    /// Node agent: trace every Go process of the host, serve Prometheus metrics.
+    Agent(crate::agent::Args),
+    /// Major page faults of a process and the pauses they lengthen.
+    Faults(faults::Args),
+    /// Memory and swap exposure of a Go process now, by what Go uses it
+    /// for, with its cgroup, the host's swap traffic, and advice.
+    Memory(memory::Args),
+}

@@ -1,0 +1,342 @@
+//! The reference pages against the code: the CLI page is what clap renders,
+//! and every metric and JSON field is named on its page.
+
+use std::{collections::BTreeSet, path::PathBuf, sync::Arc};
+
+use prometheus_client::encoding::text::encode;
+
+use super::*;
+use crate::{
+    engine::{
+        breakdown::Breakdown,
+        correlate::tests_support::record,
+        fault::{Fault, FaultKind, FaultTotals, PauseFaultStats, PhaseFaults},
+        laggard::{LaggardRecord, LaggardStateName},
+        observed::{CpuSamples, Observed, ObservedPause, ProcessInfo},
+    },
+    image::Frame,
+    memory::{
+        HostSwap,
+        advice::tests::exposure,
+        watch::{ExposureReading, ReadAt},
+    },
+    sink::{
+        Sink as _,
+        metrics::{
+            Metrics,
+            observe::{
+                Backing, FaultObservation, PauseObservation, StackGrowthObservation, WaitedOn,
+            },
+        },
+        report::{Output, ReportSink, View},
+    },
+    stackgrowth::Mode,
+    targets::{
+        cpu_throttle::{CpuThrottling, ThrottleCounts},
+        labels::ProcessLabels,
+    },
+};
+
+/// A page of the book, from the workspace root's `docs/`.
+fn page(name: &str) -> (PathBuf, String) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs/reference")
+        .join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    (path, text)
+}
+
+/// `cargo xtask book` runs these tests with this set: the generated pages
+/// are written, not compared.
+fn writing() -> bool {
+    std::env::var_os("GOSTW_WRITE_BOOK").is_some()
+}
+
+/// The CLI page differs from `rendered`: what to say.
+fn cli_drift(checked_in: &str, rendered: &str) -> Option<String> {
+    (checked_in != rendered).then(|| {
+        let line = checked_in
+            .lines()
+            .zip(rendered.lines())
+            .position(|(a, b)| a != b)
+            .map_or(
+                checked_in.lines().count().min(rendered.lines().count()),
+                |i| i,
+            )
+            + 1;
+        format!(
+            "docs/reference/cli.md differs from gostw's clap definitions (first at line {line}): \
+             run `cargo xtask book`"
+        )
+    })
+}
+
+#[test]
+fn cli_reference_is_rendered_from_clap() {
+    let rendered = cli_markdown();
+    let (path, checked_in) = page("cli.md");
+    if writing() {
+        std::fs::write(&path, &rendered).unwrap();
+        return;
+    }
+    if let Some(why) = cli_drift(&checked_in, &rendered) {
+        panic!("{why}");
+    }
+}
+
+fn labels() -> ProcessLabels {
+    ProcessLabels {
+        executable: "api".into(),
+        go_version: "go1.26.6".into(),
+        build_id: "abc".into(),
+        container: String::new(),
+    }
+}
+
+/// The agent's exposition with a series in each family that takes
+/// observations (families without series are declared all the same).
+fn exposition() -> String {
+    let m = Metrics::new();
+    let l = labels();
+    m.process_started(&l);
+    m.pause(
+        &l,
+        &PauseObservation {
+            reason: "gc_mark_termination",
+            duration_ns: 40_000,
+            major_faults: 1,
+        },
+    );
+    m.fault(
+        &l,
+        &FaultObservation {
+            in_pause: true,
+            backing: Backing::Swap,
+            wait_ns: 1_000,
+            waited_on: WaitedOn::Own,
+        },
+    );
+    m.stack_growth(
+        &l,
+        &StackGrowthObservation {
+            old_size: 2048,
+            live_bytes: 1000,
+        },
+    );
+    m.cpu_samples(
+        &l,
+        CpuSamples {
+            all: 10,
+            stack_growth: 1,
+        },
+        99,
+    );
+    let mut s = String::new();
+    encode(&mut s, m.registry()).unwrap();
+    s
+}
+
+#[test]
+fn every_metric_is_in_the_metrics_reference() {
+    let names = metric_names(&exposition());
+    assert!(names.len() > 20, "{names:?}");
+    assert!(names.contains("gostw_pause_duration_seconds"), "{names:?}");
+    assert!(names.contains("gostw_major_faults_total"), "{names:?}");
+    let (_, doc) = page("metrics.md");
+    let gone = missing(&doc, &names);
+    assert!(
+        gone.is_empty(),
+        "docs/reference/metrics.md does not name these metrics: {gone:?}"
+    );
+}
+
+fn frame(function: &str) -> Frame {
+    Frame {
+        function: function.into(),
+        file: "/src/main.go".into(),
+        line: 7,
+        inlined: false,
+        start_line: 3,
+    }
+}
+
+/// A pause record with every optional part filled in.
+fn full_pause(pid: u32) -> ObservedPause {
+    let mut r = record(pid, 1_000_000, 2_000_000);
+    r.reason_text = Some("gcing".into());
+    r.stopping_ns = Some(100);
+    r.restarting_ns = Some(50);
+    r.caller = Some(vec![frame("runtime.GC"), frame("main.main")]);
+    r.laggards = Some(vec![LaggardRecord {
+        tid: 8,
+        state: LaggardStateName::OnCpu,
+        ns: 10,
+        on_cpu_ns: 10,
+        fault_ns: 0,
+        runnable_ns: 0,
+        blocked_ns: 0,
+        running_goroutine: true,
+        goid: Some(12),
+        frames: vec![frame("main.spinner")],
+    }]);
+    r.breakdown = Some(Box::new(Breakdown::default()));
+    let swap = FaultTotals {
+        faults: 1,
+        swap_in: 1,
+        fault_ns: 1_000,
+        ..FaultTotals::default()
+    };
+    r.faults = Some(PauseFaultStats {
+        all: swap,
+        stopper: swap,
+        top_sites: vec![("runtime.gcStart".into(), 1)],
+        by_phase: Some(Box::new(PhaseFaults {
+            stopped: swap,
+            ..PhaseFaults::default()
+        })),
+        ..PauseFaultStats::default()
+    });
+    let fault = Fault {
+        tgid: pid,
+        tid: pid,
+        begin_ns: 1_000_100,
+        end_ns: 1_001_100,
+        address: 0x1000,
+        kind: FaultKind::SwapIn,
+        blocked_ns: 900,
+        wait_own_ns: 900,
+        wait_other_ns: 0,
+        stack: Arc::from(vec![frame("runtime.gcStart")]),
+        pcs: Arc::from([]),
+    };
+    ObservedPause {
+        record: r,
+        faults: vec![fault],
+    }
+}
+
+/// A writer whose bytes the test reads back.
+#[derive(Clone, Default)]
+struct Buf(std::rc::Rc<std::cell::RefCell<Vec<u8>>>);
+impl std::io::Write for Buf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.borrow_mut().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Every JSON record `attach`/`run --json` prints, as values: a pause with
+/// every part, then the summary with faults, stack growth, exposure and
+/// advice.
+fn records() -> Vec<serde_json::Value> {
+    let out = Buf::default();
+    let mut s = ReportSink::new(
+        View::Trace,
+        Output::new(Box::new(out.clone()), true, 0),
+        true,
+        Some(Mode::Sampled),
+    );
+    s.observe(&Observed::Started(Arc::new(ProcessInfo {
+        pid: 42,
+        exe: "/srv/api".into(),
+        labels: labels(),
+        go_version: "go1.26.6".into(),
+        image: None,
+    })));
+    let host_swap = HostSwap::delta(
+        &HostSwap::default(),
+        &HostSwap {
+            at_ns: 2_000_000_000,
+            pswpin: 900,
+            pswpout: 4000,
+            ..HostSwap::default()
+        },
+    );
+    for (at, h) in [(ReadAt::Start, None), (ReadAt::End, Some(host_swap))] {
+        s.observe(&Observed::Exposure(Arc::new(ExposureReading {
+            pid: 42,
+            at,
+            exposure: Ok(exposure(4 << 20, 0, None)),
+            read_ns: 1_000_000,
+            host_swap: h,
+        })));
+    }
+    s.observe(&Observed::Pause(Box::new(full_pause(42))));
+    s.observe(&Observed::CpuThrottling {
+        pid: 42,
+        throttling: CpuThrottling {
+            cgroup: "/capped".into(),
+            while_traced: ThrottleCounts {
+                nr_throttled: 3,
+                throttled_ns: 9_000_000,
+            },
+        },
+    });
+    s.observe(&Observed::ExitStatus { pid: 42, code: 0 });
+    s.observe(&Observed::KernelCounters(
+        tracer_common::counters::Counter::ALL
+            .iter()
+            .map(|&c| (c, 1))
+            .collect(),
+    ));
+    s.finish(3_000_000_000).unwrap();
+    let text = String::from_utf8(out.0.borrow().clone()).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn every_json_field_is_in_the_json_reference() {
+    let records = records();
+    let mut keys = BTreeSet::new();
+    for r in &records {
+        json_keys(r, &mut keys);
+    }
+    let types: Vec<_> = records.iter().map(|r| r["type"].clone()).collect();
+    assert_eq!(types, ["pause", "summary"], "{records:?}");
+    for must in [
+        "laggards",
+        "by_phase",
+        "exposure",
+        "advice",
+        "stack_growth",
+        "stops_counted",
+    ] {
+        assert!(keys.contains(must), "{must} not in {keys:?}");
+    }
+    let (_, doc) = page("json.md");
+    let gone = missing(&doc, &keys);
+    assert!(
+        gone.is_empty(),
+        "docs/reference/json.md does not name these JSON fields: {gone:?}"
+    );
+}
+
+/// Each checker reports a name taken out of its page, and the CLI check a
+/// page that differs from clap's.
+#[test]
+fn each_check_fails_when_its_page_drops_a_name() {
+    let rendered = cli_markdown();
+    assert!(cli_drift(&rendered, &rendered).is_none());
+    let edited = rendered.replacen("--threshold", "--thresold", 1);
+    let why = cli_drift(&edited, &rendered).expect("an edited page is caught");
+    assert!(why.contains("cargo xtask book"), "{why}");
+
+    let names = metric_names(&exposition());
+    let (_, doc) = page("metrics.md");
+    assert!(missing(&doc, &names).is_empty());
+    let dropped = "gostw_pause_major_faults";
+    let doc = doc.replace(&format!("`{dropped}`"), "");
+    assert_eq!(missing(&doc, &names), [dropped]);
+
+    let mut keys = BTreeSet::new();
+    records().iter().for_each(|r| json_keys(r, &mut keys));
+    let (_, doc) = page("json.md");
+    assert!(missing(&doc, &keys).is_empty());
+    let doc = doc.replace("stops_counted", "");
+    assert_eq!(missing(&doc, &keys), ["stops_counted"]);
+}
