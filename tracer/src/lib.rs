@@ -5,6 +5,17 @@
 //! decode, correlate) -> `sink` (report, metrics). `target` says which
 //! processes are traced; `image` symbolizes for everyone.
 
+/// `eprintln!` that cannot fail: when standard error is gone (a closed
+/// pipe, `2>&1 | head`), what gostw would say there is said nowhere rather
+/// than ending it with a panic.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod agent;
 pub mod binary;
 pub mod bpf_stats;
