@@ -100,6 +100,8 @@ fn main() -> ExitCode {
             Command::Memory(args) => cli::memory::run(args),
         }
     });
+    // Whatever way gostw ends, what it mounted goes.
+    tracer::kernel::faults::unmount_tracefs();
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
