@@ -233,7 +233,18 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
         _ => {}
     }
     let (mut report, mut files) = sinks;
-    let summary = report.finish(engine.elapsed().as_nanos() as u64);
+    let elapsed = engine.elapsed().as_nanos() as u64;
+    let mut summary = report.finish(elapsed);
+    if !closed
+        && let Err(e) = &summary
+        && e.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        // The reader went away at the very end: as above.
+        closed = true;
+        tracer::say!("gostw: standard output was closed; tracing stopped");
+        report.to_stderr();
+        summary = report.finish(elapsed);
+    }
     if write_error.is_some() || (summary.is_err() && !closed) {
         // An --output file that is not complete never appears.
         files.output = None;

@@ -61,11 +61,11 @@ impl WholeFile {
     /// Everything is written: give the file its name.
     pub fn commit(mut self) -> io::Result<()> {
         self.out.flush()?;
-        if let Some(tmp) = self.tmp.take() {
-            if let Err(e) = std::fs::rename(&tmp, &self.path) {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
-            }
+        if let Some(tmp) = self.tmp.take()
+            && let Err(e) = std::fs::rename(&tmp, &self.path)
+        {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
         }
         Ok(())
     }
