@@ -8,6 +8,17 @@
 // The command line's modules name the library `tracer::`, as the binary does.
 extern crate self as tracer;
 
+/// `eprintln!` that cannot fail: when standard error is gone (a closed
+/// pipe, `2>&1 | head`), what gostw would say there is said nowhere rather
+/// than ending it with a panic.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod agent;
 pub mod binary;
 pub mod bpf_stats;

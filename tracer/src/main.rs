@@ -1,6 +1,6 @@
 //! The `gostw` command line.
 
-use std::process::ExitCode;
+use std::{io::Write as _, process::ExitCode};
 
 use clap::Parser as _;
 use tracer::cli::{
@@ -8,8 +8,46 @@ use tracer::cli::{
     command::{Cli, Command},
 };
 
+/// The logger: with `RUST_LOG` set, its filter and env_logger's developer
+/// format; otherwise warnings and errors only, worded for the user
+/// ("gostw: warning: ..."), not as raw log lines with module paths.
+fn logger(rust_log: bool) -> env_logger::Builder {
+    use std::io::Write as _;
+
+    if rust_log {
+        return env_logger::Builder::from_env(env_logger::Env::default());
+    }
+    let mut b = env_logger::Builder::new();
+    b.filter_level(log::LevelFilter::Warn).format(|buf, r| {
+        let level = match r.level() {
+            log::Level::Error => "error",
+            _ => "warning",
+        };
+        writeln!(buf, "gostw: {level}: {}", r.args())
+    });
+    b
+}
+
+/// An error and its causes on one line, each said once. Many errors end
+/// their own message with their source's ("cannot read X: Is a directory
+/// (os error 21)"); `{:#}` would print that source again after it.
+fn message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    logger(std::env::var_os("RUST_LOG").is_some()).init();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -32,11 +70,18 @@ fn main() -> ExitCode {
             Command::Memory(args) => cli::memory::run(args),
         }
     });
+    // Whatever way gostw ends, what it mounted goes.
+    tracer::kernel::faults::unmount_tracefs();
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
-            eprintln!("gostw: {e:#}");
+            // Standard error may be gone too (`2>&1 | head`): nothing to do then.
+            let _ = writeln!(std::io::stderr(), "gostw: {}", message(&e));
             ExitCode::FAILURE
         }
     }
 }
+
+#[cfg(test)]
+#[path = "main_tests.rs"]
+mod tests;

@@ -32,6 +32,35 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_nanos((value * ns_per).round() as u64))
 }
 
+/// A length of time that must pass: `parse_duration`, more than zero
+/// (`--duration`, the exact-mode windows).
+pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!(
+            "{s:?} is no time at all: give more than zero (e.g. 10s)"
+        ));
+    }
+    Ok(d)
+}
+
+/// The shortest period of a repeated reading (`--exposure-every`,
+/// `memory --interval`): each one reads /proc files or process memory.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How often something repeats: `parse_duration`, 0 for never, otherwise
+/// at least `MIN_INTERVAL`.
+pub fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if !d.is_zero() && d < MIN_INTERVAL {
+        return Err(format!(
+            "{s:?} is too short: give 0 (off) or at least {}ms",
+            MIN_INTERVAL.as_millis()
+        ));
+    }
+    Ok(d)
+}
+
 /// Nanoseconds as a short human figure with a unit: "850 ns", "12.3 us",
 /// "1.25 ms", "2.00 s".
 pub fn fmt_ns(ns: u64) -> String {
@@ -77,6 +106,27 @@ mod tests {
         assert!(parse_duration("10").is_err());
         assert!(parse_duration("10 parsecs").is_err());
         assert!(parse_duration("ms").is_err());
+    }
+
+    #[test]
+    fn positive_durations_refuse_zero() {
+        assert_eq!(parse_positive_duration("1ns"), Ok(Duration::from_nanos(1)));
+        assert_eq!(parse_positive_duration("2m"), Ok(Duration::from_secs(120)));
+        for bad in ["0", "0s", "0.0ms", "0.0000001ns", "10", "x"] {
+            assert!(parse_positive_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn intervals_are_off_or_at_least_the_minimum() {
+        assert_eq!(parse_interval("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_interval("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_interval("100ms"), Ok(MIN_INTERVAL));
+        assert_eq!(parse_interval("2s"), Ok(Duration::from_secs(2)));
+        for bad in ["1ns", "99ms", "0.05s", "10"] {
+            let e = parse_interval(bad).unwrap_err();
+            assert!(e.contains("100ms") || e.contains("unit"), "{bad}: {e}");
+        }
     }
 
     #[test]

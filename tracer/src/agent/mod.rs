@@ -65,8 +65,9 @@ pub struct Args {
     #[arg(long)]
     pub stopping: bool,
     /// How often each traced process's memory exposure is read for
-    /// gostw_process_memory_bytes (first at once; 0: never). E.g. 60s, 5m.
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::units::parse_duration)]
+    /// gostw_process_memory_bytes (first at once; 0: never; else at least
+    /// 100ms). E.g. 60s, 5m.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::units::parse_interval)]
     pub exposure_every: Duration,
 }
 
@@ -153,7 +154,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             })
             .context("starting the HTTP thread")?
     };
-    eprintln!(
+    crate::say!(
         "gostw agent: serving http://{addr}/metrics and /debug/pprof/{{faults,stackgrowth}} ({}); polling /proc every {:?}",
         if args.pprof_allow_remote {
             "profiles to any peer"
@@ -189,7 +190,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let served = server
         .join()
         .map_err(|_| anyhow::anyhow!("the HTTP thread panicked"))?;
-    eprintln!("gostw agent: stopped");
+    crate::say!("gostw agent: stopped");
     result.and(served)
 }
 

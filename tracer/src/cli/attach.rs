@@ -21,8 +21,8 @@ pub struct Args {
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     let target = Target::pid(args.pid)?;
     let core = args.trace.core();
-    let files = Outputs::new(&args.trace.files, Profiles::Traced, &core)?;
-    let mut sink = report(View::Trace, args.trace.output()?, &core);
+    let mut files = Outputs::new(&args.trace.files, Profiles::Traced, &core)?;
+    let mut sink = report(View::Trace, args.trace.output(&mut files)?, &core);
     sink.exposure_every = Some(args.trace.exposure_every);
     trace(Trace {
         target,

@@ -5,14 +5,14 @@ use std::{ffi::OsString, time::Duration};
 
 use tracer::{
     kernel::{CoreOptions, capabilities::FaultSource},
-    sink::report::{Output, View},
-    units::parse_duration,
+    sink::report::View,
+    units::parse_positive_duration,
 };
 
 use super::{
     Trace,
     outputs::{FileOptions, Outputs, Profiles},
-    report, target_of, trace, writer,
+    report, stdout_output, target_of, trace,
 };
 
 #[derive(clap::Args)]
@@ -21,7 +21,7 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t)]
     pub fault_source: FaultSource,
     /// Stop after this long (e.g. 30s, 5m); default: until Ctrl-C or exit.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_positive_duration)]
     pub duration: Option<Duration>,
     /// Print the summary as JSON.
     #[arg(long)]
@@ -44,7 +44,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     let files = Outputs::new(&args.files, Profiles::Faults, &core)?;
     // Files first: a bad path fails before a program starts.
     let target = target_of(args.pid, &args.command)?;
-    let output = Output::new(writer(None)?, args.json, u64::MAX);
+    let output = stdout_output(args.json, u64::MAX);
     trace(Trace {
         target,
         sink: report(View::Faults, output, &core),

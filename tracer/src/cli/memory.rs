@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use tracer::{
     memory::{Evidence, Exposure, HostSwap, MemoryReport, SCHEMA_VERSION, advice, render_text},
-    units::parse_duration,
+    units::parse_interval,
 };
 
 /// Arguments of `gostw memory`.
@@ -19,8 +19,9 @@ pub struct Args {
     /// The report as one JSON document (docs/reference/json.md).
     #[arg(long)]
     json: bool,
-    /// Measure the host's swap traffic over this long (0: do not).
-    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    /// Measure the host's swap traffic over this long (0: do not; else at
+    /// least 100ms).
+    #[arg(long, value_parser = parse_interval, default_value = "1s")]
     interval: Duration,
 }
 

@@ -15,10 +15,13 @@ use anyhow::{Context as _, bail};
 use tracer::{
     engine::{Engine, Stop, Until},
     kernel::{CoreOptions, capabilities::FaultSource, stacks::StackGrowthOptions},
-    sink::report::{Output, ReportSink, View},
+    sink::{
+        file::{SharedFile, WholeFile},
+        report::{Output, ReportSink, View},
+    },
     stackgrowth::Mode,
     targets::{Target, tracker::Limits},
-    units::parse_duration,
+    units::{parse_duration, parse_interval, parse_positive_duration},
 };
 
 /// Options of `attach` and `run`.
@@ -26,7 +29,7 @@ use tracer::{
 pub struct TraceOptions {
     /// Stop tracing after this long (e.g. 30s, 5m); default: until Ctrl-C or
     /// the process exits.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_positive_duration)]
     pub duration: Option<Duration>,
     /// Print a line for each pause at least this long (0 = every pause);
     /// default 1ms, or every pause with --json.
@@ -35,8 +38,9 @@ pub struct TraceOptions {
     /// JSON lines (docs/reference/json.md) instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Write the trace to this file instead of standard output.
-    #[arg(long, short)]
+    /// Write the trace to this file instead of standard output; it appears
+    /// when tracing ends, complete.
+    #[arg(long, short, value_parser = outputs::output_path)]
     pub output: Option<PathBuf>,
     #[command(flatten)]
     pub files: outputs::FileOptions,
@@ -58,8 +62,9 @@ pub struct TraceOptions {
     #[arg(long)]
     pub no_explain: bool,
     /// Read the process's memory exposure this often, besides at the start
-    /// and end of the trace (0: only then); docs/guide/memory.md.
-    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    /// and end of the trace (0: only then; else at least 100ms);
+    /// docs/guide/memory.md.
+    #[arg(long, value_parser = parse_interval, default_value = "2s")]
     pub exposure_every: Duration,
 }
 
@@ -90,30 +95,36 @@ impl TraceOptions {
         }
     }
 
-    /// The live output these options ask for.
-    pub fn output(&self) -> anyhow::Result<Output> {
+    /// The live output these options ask for; an `--output` file is
+    /// completed by `files`.
+    pub fn output(&self, files: &mut outputs::Outputs) -> anyhow::Result<Output> {
         let default = if self.json {
             Duration::ZERO
         } else {
             Duration::from_millis(1)
         };
         let threshold = self.threshold.unwrap_or(default).as_nanos() as u64;
-        Ok(Output::new(
-            writer(self.output.as_ref())?,
-            self.json,
-            threshold,
-        ))
+        let out: Box<dyn std::io::Write> = match &self.output {
+            Some(path) => {
+                let f = SharedFile::new(
+                    WholeFile::create(path)
+                        .with_context(|| format!("creating {}", path.display()))?,
+                );
+                files.output = Some(f.clone());
+                Box::new(f)
+            }
+            None => return Ok(stdout_output(self.json, threshold)),
+        };
+        Ok(Output::new(out, self.json, threshold))
     }
 }
 
-/// Standard output, or a new file.
-pub fn writer(path: Option<&PathBuf>) -> anyhow::Result<Box<dyn std::io::Write>> {
-    Ok(match path {
-        Some(path) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
-        )),
-        None => Box::new(std::io::stdout()),
-    })
+/// Live records and the summary to standard output, watched for its
+/// reader going away when it is a pipe.
+pub fn stdout_output(json: bool, threshold_ns: u64) -> Output {
+    let mut o = Output::new(Box::new(std::io::stdout()), json, threshold_ns);
+    o.watch = tracer::sink::file::stdout_pipe();
+    o
 }
 
 /// `--pid PID` or `-- CMD ARGS`, as a target.
@@ -155,8 +166,10 @@ pub struct Trace {
     pub wait_for_child: bool,
 }
 
-/// Run `t` on the engine until its process exits, its duration passes or a
-/// signal; then write the report. Returns the exit code for gostw.
+/// Run `t` on the engine until its process exits, its duration passes, a
+/// signal, or standard output's reader goes away; then write the report.
+/// Returns the exit code for gostw: a started program's, otherwise 0 (also
+/// when the reader of the trace went away: it had read what it wanted).
 pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
     let mut engine = Engine::new(t.core, Limits::default())?;
     // One process is traced; when it goes, so does gostw.
@@ -167,12 +180,22 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
         engine.watch_exposure(every, true);
     }
     let mut sinks = (t.sink, t.files);
+    // Standard output can no longer be written: its reader went away.
+    let mut closed = false;
+    // Writing the trace failed otherwise (a full disk): said at the end.
+    let mut write_error = None;
     loop {
         let stop = engine.run(&mut t.target, &mut sinks, &mut deadline).await;
-        if let Some(e) = sinks.0.take_write_error() {
-            return Err(e).context("writing the trace");
+        match sinks.0.take_write_error() {
+            Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => closed = true,
+            Some(e) => write_error = Some(e),
+            None => {}
         }
         match stop? {
+            Stop::OutputClosed => {
+                closed |= write_error.is_none();
+                break;
+            }
             Stop::Exited | Stop::Duration => break,
             Stop::Signal(sig) => {
                 let Some(pid) = t.target.child_mut().map(|c| c.id()) else {
@@ -196,20 +219,47 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
         }
     }
     let pid = t.target.single();
+    if closed {
+        tracer::say!("gostw: standard output was closed; tracing stopped");
+        // The summary goes where it can still be read.
+        sinks.0.to_stderr();
+    }
     engine.finish(&mut sinks);
     let exited = t.target.finished();
     match (pid, exited, t.target.child_mut().is_some()) {
         (Some(pid), false, _) => {
-            eprintln!("gostw: tracing stopped; pid {pid} keeps running untraced")
+            tracer::say!("gostw: tracing stopped; pid {pid} keeps running untraced")
         }
-        (Some(pid), true, false) => eprintln!("gostw: pid {pid} exited"),
+        (Some(pid), true, false) => tracer::say!("gostw: pid {pid} exited"),
         _ => {}
     }
-    let (mut report, files) = sinks;
-    report
-        .finish(engine.elapsed().as_nanos() as u64)
-        .context("writing the summary")?;
-    files.finish()?;
+    let (mut report, mut files) = sinks;
+    let elapsed = engine.elapsed().as_nanos() as u64;
+    let mut summary = report.finish(elapsed);
+    if !closed
+        && let Err(e) = &summary
+        && e.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        // The reader went away at the very end: as above.
+        closed = true;
+        tracer::say!("gostw: standard output was closed; tracing stopped");
+        report.to_stderr();
+        summary = report.finish(elapsed);
+    }
+    if write_error.is_some() || (summary.is_err() && !closed) {
+        // An --output file that is not complete never appears.
+        files.output = None;
+    }
+    let written = files.finish();
+    if let Some(e) = write_error {
+        return Err(e).context("writing the trace");
+    }
+    // With standard output closed the summary went to standard error,
+    // which may be gone too: then it is said nowhere.
+    if !closed {
+        summary.context("writing the summary")?;
+    }
+    written?;
     let code = match (t.target.exit_status(), t.target.child_mut()) {
         (Some(code), _) => code,
         (None, Some(child)) if t.wait_for_child => tracer::targets::exit_code(child.wait()?),

@@ -8,7 +8,12 @@ use tracer::{
     engine::observed::Observed,
     formats::profiles::ProfileKind,
     kernel::CoreOptions,
-    sink::{Sink, profile::ProfileFiles, timeline::TimelineSink},
+    sink::{
+        Sink,
+        file::{SharedFile, WholeFile, check_output_path, check_profile_path},
+        profile::ProfileFiles,
+        timeline::TimelineSink,
+    },
     stackgrowth::Mode,
 };
 
@@ -18,13 +23,29 @@ pub struct FileOptions {
     /// Write a pprof profile (gzipped profile.proto, for `go tool pprof`)
     /// here when tracing ends; `attach` and `run` write both profiles, the
     /// kind before the extension (out.pb.gz: out.faults.pb.gz,
-    /// out.stackgrowth.pb.gz).
-    #[arg(long, value_name = "FILE")]
+    /// out.stackgrowth.pb.gz). Not a directory or a device. Files appear
+    /// when complete.
+    #[arg(long, value_name = "FILE", value_parser = profile_path)]
     pub pprof: Option<PathBuf>,
     /// Write pauses, major faults and stack growths as a trace-event
-    /// timeline (JSON for Perfetto UI, chrome://tracing) as they happen.
-    #[arg(long, value_name = "FILE")]
+    /// timeline (JSON for Perfetto UI, chrome://tracing); the file appears
+    /// when tracing ends, complete.
+    #[arg(long, value_name = "FILE", value_parser = output_path)]
     pub timeline: Option<PathBuf>,
+}
+
+/// `--output`, `--timeline`: a file name, not a directory.
+pub fn output_path(s: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    check_output_path(&p)?;
+    Ok(p)
+}
+
+/// `--pprof`: a file name, not a directory or a device.
+fn profile_path(s: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    check_profile_path(&p)?;
+    Ok(p)
 }
 
 /// Which profiles `--pprof` asks for.
@@ -42,12 +63,15 @@ pub enum Profiles {
 #[derive(Default)]
 pub struct Outputs {
     profiles: Option<ProfileFiles>,
-    timeline: Option<(TimelineSink, PathBuf)>,
+    timeline: Option<(TimelineSink, SharedFile, PathBuf)>,
+    /// `--output FILE`, completed after the report's last line.
+    pub output: Option<SharedFile>,
 }
 
 impl Outputs {
     /// The outputs `opts` ask for, of what `core` traces; every file is
-    /// created now, so a bad path fails before tracing starts.
+    /// tried now, so a bad path fails before tracing starts; each appears,
+    /// complete, at `finish`.
     pub fn new(opts: &FileOptions, which: Profiles, core: &CoreOptions) -> anyhow::Result<Outputs> {
         let mut out = Outputs::default();
         if let Some(path) = &opts.pprof {
@@ -77,27 +101,33 @@ impl Outputs {
             out.profiles = Some(files);
         }
         if let Some(path) = &opts.timeline {
-            let file = std::fs::File::create(path)
-                .with_context(|| format!("creating {}", path.display()))?;
-            let sink = TimelineSink::new(Box::new(std::io::BufWriter::new(file)))
+            let file = SharedFile::new(
+                WholeFile::create(path).with_context(|| format!("creating {}", path.display()))?,
+            );
+            let sink = TimelineSink::new(Box::new(file.clone()))
                 .with_context(|| format!("writing {}", path.display()))?;
-            out.timeline = Some((sink, path.clone()));
+            out.timeline = Some((sink, file, path.clone()));
         }
         Ok(out)
     }
 
-    /// Write what is written at the end (after the engine's `finish`).
+    /// Write what is written at the end (after the engine's `finish` and
+    /// the report's last line), each file whole.
     pub fn finish(self) -> anyhow::Result<()> {
+        if let Some(o) = &self.output {
+            o.commit().context("writing the --output file")?;
+        }
         if let Some(p) = &self.profiles {
             for (path, total) in p.finish().context("writing the --pprof profiles")? {
-                eprintln!("gostw: wrote {} ({total} in all)", path.display());
+                tracer::say!("gostw: wrote {} ({total} in all)", path.display());
             }
         }
-        if let Some((t, path)) = self.timeline {
+        if let Some((t, file, path)) = self.timeline {
             let pauses = t.pauses();
             t.finish()
+                .and_then(|()| file.commit())
                 .with_context(|| format!("writing {}", path.display()))?;
-            eprintln!("gostw: wrote {} ({pauses} pauses)", path.display());
+            tracer::say!("gostw: wrote {} ({pauses} pauses)", path.display());
         }
         Ok(())
     }
@@ -106,8 +136,60 @@ impl Outputs {
 impl Sink for Outputs {
     fn observe(&mut self, o: &Observed) {
         self.profiles.observe(o);
-        if let Some((t, _)) = &mut self.timeline {
+        if let Some((t, ..)) = &mut self.timeline {
             t.observe(o);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(d: &std::path::Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The files of a trace appear only when it ends and are complete then;
+    /// a trace that ends without `finish` (it failed) leaves none, whole or
+    /// cut off.
+    #[test]
+    fn files_appear_complete_or_not_at_all() {
+        let d = std::env::temp_dir().join(format!("gostw-outputs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let opts = FileOptions {
+            pprof: Some(d.join("p.pb.gz")),
+            timeline: Some(d.join("t.json")),
+        };
+        let core = CoreOptions {
+            faults: Some(Default::default()),
+            ..CoreOptions::default()
+        };
+        // While tracing only hidden temporary files exist.
+        let visible = |d: &std::path::Path| -> Vec<String> {
+            names(d)
+                .into_iter()
+                .filter(|n| !n.starts_with('.'))
+                .collect()
+        };
+        let failed = Outputs::new(&opts, Profiles::Traced, &core).unwrap();
+        assert_eq!(visible(&d), Vec::<String>::new());
+        drop(failed);
+        assert_eq!(names(&d), Vec::<String>::new());
+
+        let done = Outputs::new(&opts, Profiles::Traced, &core).unwrap();
+        assert_eq!(visible(&d), Vec::<String>::new());
+        done.finish().unwrap();
+        assert_eq!(names(&d), ["p.faults.pb.gz", "t.json"]);
+        let timeline: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(d.join("t.json")).unwrap()).unwrap();
+        assert!(timeline["traceEvents"].is_array(), "{timeline}");
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }

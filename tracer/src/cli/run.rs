@@ -21,9 +21,9 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<i32> {
-    let output = args.trace.output()?;
     let core = args.trace.core();
-    let files = Outputs::new(&args.trace.files, Profiles::Traced, &core)?;
+    let mut files = Outputs::new(&args.trace.files, Profiles::Traced, &core)?;
+    let output = args.trace.output(&mut files)?;
     // Files first: a bad path fails before a program starts.
     let target = target_of(None, &args.command)?;
     let mut sink = report(View::Trace, output, &core);

@@ -11,13 +11,13 @@ use tracer::{
     },
     sink::report::{Output, View},
     stackgrowth::Mode,
-    units::parse_duration,
+    units::parse_positive_duration,
 };
 
 use super::{
     Trace,
     outputs::{FileOptions, Outputs, Profiles},
-    report, target_of, trace, writer,
+    report, stdout_output, target_of, trace,
 };
 
 /// Arguments of `gostw stacks`.
@@ -32,19 +32,19 @@ pub struct StacksArgs {
     mode: Mode,
     /// Stop after this long (e.g. 30s, 500ms); default: until the process
     /// exits or Ctrl-C.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_positive_duration)]
     duration: Option<Duration>,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
     /// Sampled mode: samples per second per CPU.
-    #[arg(long, default_value_t = 99)]
+    #[arg(long, default_value_t = 99, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     sample_hz: u64,
     /// Exact mode: attach the probe this long...
-    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    #[arg(long, value_parser = parse_positive_duration, default_value = "1s")]
     exact_on: Duration,
     /// ...out of every this long...
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, value_parser = parse_positive_duration, default_value = "10s")]
     exact_period: Duration,
     /// ...or until this many copies in one window (checked every 100 ms).
     #[arg(long, default_value_t = 50_000)]
@@ -93,12 +93,12 @@ pub async fn run(args: StacksArgs) -> anyhow::Result<i32> {
     let target = target_of(args.pid, &args.command)?;
     // A started program keeps the terminal's standard output for its own
     // text (JSON stays on standard output, one line, for machines).
-    let out: Box<dyn std::io::Write> = if args.pid.is_none() && !args.json {
-        Box::new(std::io::stderr())
+    let out = if args.pid.is_none() && !args.json {
+        Output::new(Box::new(std::io::stderr()), args.json, u64::MAX)
     } else {
-        writer(None)?
+        stdout_output(args.json, u64::MAX)
     };
-    let mut sink = report(View::Stacks, Output::new(out, args.json, u64::MAX), &core);
+    let mut sink = report(View::Stacks, out, &core);
     sink.goroutines = args.goroutines;
     trace(Trace {
         target,

@@ -135,10 +135,13 @@ pub enum Until {
 pub enum Stop {
     /// The deadline passed.
     Duration,
-    /// SIGINT or SIGTERM (the signal number).
+    /// SIGINT, SIGTERM or SIGHUP (the signal number).
     Signal(i32),
-    /// The one traced process exited.
+    /// The one traced process exited (or exited while being attached).
     Exited,
+    /// The sink's output can no longer be written (`Sink::closed`: its
+    /// reader went away, or a write failed).
+    OutputClosed,
 }
 
 /// The loaded core, what it traces, and the stream of what it observed.
@@ -229,7 +232,8 @@ impl Engine {
     }
 
     /// Trace `target` into `sink` until the one traced process exits,
-    /// `deadline` passes, or SIGINT/SIGTERM arrives. A deadline given as a
+    /// `deadline` passes, SIGINT/SIGTERM/SIGHUP arrives, or the sink is
+    /// closed (checked after each delivery and every tick). A deadline given as a
     /// duration counts from when the target is traced (attaching can take a
     /// second on a loaded machine) and is rewritten to the instant it
     /// became, for the next call. May be called again to
@@ -244,7 +248,14 @@ impl Engine {
     ) -> anyhow::Result<Stop> {
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
+        // A closed terminal ends the trace as Ctrl-C would, not mid-file.
+        let mut sighup = signal(SignalKind::hangup())?;
         if let Some(why) = self.poll_target(target, sink)? {
+            // A process that exits while it is attached to is one that
+            // exited, not one that cannot be traced.
+            if target.exited_now() {
+                return Ok(Stop::Exited);
+            }
             return Err(why);
         }
         target.resume()?;
@@ -265,6 +276,9 @@ impl Engine {
             if target.finished() {
                 return Ok(Stop::Exited);
             }
+            if sink.closed() {
+                return Ok(Stop::OutputClosed);
+            }
             // A held pause is released when its grace ends, not at the next
             // read: live lines come ~50 ms after the pause, not up to 70.
             let release = release_at(self.stream.next_release_ns());
@@ -279,6 +293,7 @@ impl Engine {
                 () = &mut sleep => return Ok(Stop::Duration),
                 _ = sigint.recv() => return Ok(Stop::Signal(libc::SIGINT)),
                 _ = sigterm.recv() => return Ok(Stop::Signal(libc::SIGTERM)),
+                _ = sighup.recv() => return Ok(Stop::Signal(libc::SIGHUP)),
             };
             match wake {
                 Wake::Events => {

@@ -27,8 +27,13 @@ use super::{
 /// Where tracefs is mounted by `ensure_tracefs` when nothing is.
 pub const TRACEFS: &str = "/sys/kernel/tracing";
 
+/// Whether `ensure_tracefs` mounted tracefs (and `unmount_tracefs` is to
+/// take it away again).
+static MOUNTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Mount tracefs at /sys/kernel/tracing when no tracefs is mounted: attaching
-/// tracepoints (and uprobe/kprobe events) looks event ids up there.
+/// tracepoints (and uprobe/kprobe events) looks event ids up there. gostw
+/// leaves the system as it found it: `unmount_tracefs` at exit.
 pub fn ensure_tracefs() -> anyhow::Result<&'static Path> {
     for dir in [TRACEFS, "/sys/kernel/debug/tracing"] {
         if Path::new(dir).join("events").is_dir() {
@@ -54,7 +59,25 @@ pub fn ensure_tracefs() -> anyhow::Result<&'static Path> {
             std::io::Error::last_os_error()
         );
     }
+    MOUNTED.store(true, std::sync::atomic::Ordering::SeqCst);
     Ok(Path::new(TRACEFS))
+}
+
+/// Unmount the tracefs `ensure_tracefs` mounted, if it did (at exit).
+/// Attached tracepoints do not need it; the unmount is lazy, so another
+/// program's open tracefs files stay valid until closed.
+pub fn unmount_tracefs() {
+    if !MOUNTED.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        return;
+    }
+    let target = std::ffi::CString::new(TRACEFS).expect("no NUL");
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
+        log::warn!(
+            "unmounting the tracefs gostw mounted at {TRACEFS}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 /// An attached backend: what to detach.

@@ -354,7 +354,7 @@ pub fn traced_process(binary: &GoBinary, offsets: &crate::binary::StructOffsets)
 }
 
 fn gone(pid: u32) -> bool {
-    !Path::new(&format!("/proc/{pid}")).exists()
+    crate::targets::process::is_gone(pid)
 }
 
 fn failed(reason: FailureReason, message: impl ToString) -> AttachError {

@@ -8,6 +8,7 @@
 //!   agent's `/debug/pprof/*`).
 //! - `timeline`: the trace-event timeline (`--timeline`).
 
+pub mod file;
 pub mod metrics;
 pub mod profile;
 pub mod report;
@@ -18,6 +19,12 @@ use crate::engine::observed::Observed;
 /// Something that consumes the observed stream.
 pub trait Sink {
     fn observe(&mut self, o: &Observed);
+
+    /// What this sink writes can no longer be written or read (a write
+    /// failed, or its reader went away): tracing should stop.
+    fn closed(&mut self) -> bool {
+        false
+    }
 
     /// Every observation of `all`, in order.
     fn observe_all(&mut self, all: &[Observed]) {
@@ -34,6 +41,10 @@ impl<S: Sink> Sink for Option<S> {
             s.observe(o);
         }
     }
+
+    fn closed(&mut self) -> bool {
+        self.as_mut().is_some_and(S::closed)
+    }
 }
 
 /// Two sinks fed the same stream.
@@ -41,6 +52,10 @@ impl<A: Sink, B: Sink> Sink for (A, B) {
     fn observe(&mut self, o: &Observed) {
         self.0.observe(o);
         self.1.observe(o);
+    }
+
+    fn closed(&mut self) -> bool {
+        self.0.closed() || self.1.closed()
     }
 }
 

@@ -260,6 +260,19 @@ impl Target {
         }
     }
 
+    /// Whether the one running process (`attach`) has exited by now; if so it
+    /// is `finished` from then on, without an exit to report to the tracker
+    /// (for a process that exited while it was being attached to).
+    pub fn exited_now(&mut self) -> bool {
+        match self {
+            Target::Pid(t) if t.gone || t.process.watch.has_exited() => {
+                t.gone = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the one process is gone and reported.
     pub fn finished(&self) -> bool {
         match self {

@@ -100,6 +100,20 @@ impl ExitWatch {
     }
 }
 
+/// Whether process `pid` has exited: no /proc entry, or a zombie (exited,
+/// not yet reaped by its parent: its /proc entry stays, its memory and
+/// executable are gone).
+pub fn is_gone(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // "pid (comm) S ...": the state follows the last ')' (comm may hold any).
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    matches!(state, Some('Z' | 'X' | 'x'))
+}
+
 /// The process (thread group) id of thread `tid`, from /proc.
 fn tgid_of(tid: u32) -> Option<u32> {
     std::fs::read_to_string(format!("/proc/{tid}/status"))

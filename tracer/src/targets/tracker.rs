@@ -346,12 +346,18 @@ impl<K: Kernel> Tracker<K> {
         }
         let exe = self.executables.get_mut(&p.exe).expect("attached above");
         if let Err(e) = self.kernel.trace(p.pid, &exe.traced) {
-            log::warn!("cannot trace pid {}: {e:#}", p.pid);
-            out.push(Observed::AttachFailed(FailureReason::Trace));
+            // A process that exited meanwhile is not a failure to report.
+            let reason = if crate::targets::process::is_gone(p.pid) {
+                FailureReason::ProcessGone
+            } else {
+                log::warn!("cannot trace pid {}: {e:#}", p.pid);
+                FailureReason::Trace
+            };
+            out.push(Observed::AttachFailed(reason));
             if exe.pids.is_empty() {
                 self.detach(p.exe, out);
             }
-            return Err(NotTraced::Failed(FailureReason::Trace, format!("{e:#}")));
+            return Err(NotTraced::Failed(reason, format!("{e:#}")));
         }
         exe.pids.insert(p.pid);
         let mut labels = ProcessLabels {

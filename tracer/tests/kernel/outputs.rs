@@ -485,3 +485,241 @@ fn agent_serves_fault_and_stack_growth_profiles() {
         p.sample.iter().map(|x| x.value[0]).sum::<i64>()
     );
 }
+
+/// A Go program that pauses often (a forced GC and more every 10 ms) for
+/// `secs`.
+fn start_pausing(secs: u32) -> std::process::Child {
+    let bin = build_workload("stw", &newest_go(), "", &[]);
+    Command::new(bin)
+        .args(["-duration", &format!("{secs}s"), "-interval", "10ms"])
+        .args(["-alloc-mb", "4", "-gc", "1"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("starting stw")
+}
+
+/// gostw's exit status, waiting at most `limit` (then it is killed and the
+/// test fails).
+fn exits_within(gostw: &mut std::process::Child, limit: Duration, what: &str) -> Duration {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(status) = gostw.try_wait().unwrap() {
+            assert_eq!(
+                status.code(),
+                Some(0),
+                "{what}: gostw ended with {status:?}"
+            );
+            return t0.elapsed();
+        }
+        if t0.elapsed() > limit {
+            let _ = gostw.kill();
+            let _ = gostw.wait();
+            panic!("{what}: gostw still ran {limit:?} after its reader went away");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `attach --json | head -1`: once the reader of its standard output has
+/// gone gostw stops tracing at once and ends cleanly (exit 0, the summary
+/// on standard error), whether it notices by a failed write (pauses being
+/// printed) or by the pipe alone (none printed: --threshold 1h).
+#[test]
+fn attach_ends_when_its_reader_goes() {
+    use std::io::{BufRead as _, BufReader};
+
+    require_root();
+    let mut workload = start_pausing(60);
+    let pid = workload.id().to_string();
+    for (case, extra) in [("pauses printed", "0"), ("nothing printed", "1h")] {
+        let (mut gostw, mut err) = start_gostw(
+            &["attach", "--json", "--pid", &pid, "--threshold", extra],
+            "tracing pid",
+        );
+        let stdout = gostw.stdout.take().unwrap();
+        if extra == "0" {
+            let mut first = String::new();
+            BufReader::new(stdout).read_line(&mut first).unwrap();
+            assert!(first.contains(r#""type":"pause""#), "{first}");
+        } else {
+            std::thread::sleep(Duration::from_millis(500));
+            drop(stdout);
+        }
+        // The summary goes to standard error: read it as it comes.
+        let rest = std::thread::spawn(move || {
+            let mut rest = String::new();
+            err.read_to_string(&mut rest).unwrap();
+            rest
+        });
+        let took = exits_within(&mut gostw, Duration::from_secs(10), case);
+        let rest = rest.join().unwrap();
+        assert!(
+            took < Duration::from_secs(3),
+            "{case}: took {took:?}\n{rest}"
+        );
+        assert!(
+            rest.contains("standard output was closed"),
+            "{case}: {rest}"
+        );
+        assert!(rest.contains(r#""type":"summary""#), "{case}: {rest}");
+        assert!(!rest.contains("Broken pipe"), "{case}: {rest}");
+    }
+    workload.kill().unwrap();
+    workload.wait().unwrap();
+}
+
+/// SIGHUP (the terminal closed) ends `attach` as SIGTERM does: exit 0, the
+/// summary written, the timeline complete JSON.
+#[test]
+fn attach_ends_cleanly_on_sighup() {
+    require_root();
+    let dir = out_dir("sighup");
+    let timeline = dir.join("t.json");
+    let mut workload = start_pausing(60);
+    let pid = workload.id().to_string();
+    let (gostw, _err) = start_gostw(
+        &[
+            "attach",
+            "--json",
+            "--threshold",
+            "1h",
+            "--pid",
+            &pid,
+            "--timeline",
+            timeline.to_str().unwrap(),
+        ],
+        "tracing pid",
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: signalling the gostw this test started.
+    unsafe { libc::kill(gostw.id() as libc::pid_t, libc::SIGHUP) };
+    let out = gostw.wait_with_output().unwrap();
+    workload.kill().unwrap();
+    workload.wait().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{:?}", out.status);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(r#""type":"summary""#), "{stdout}");
+    let t: Value = serde_json::from_slice(&std::fs::read(&timeline).unwrap()).unwrap();
+    assert!(
+        t["traceEvents"].as_array().is_some_and(|e| !e.is_empty()),
+        "{t}"
+    );
+}
+
+/// A program that exits while gostw attaches to it ends the trace as an
+/// exit does ("pid N exited", exit 0, a summary), never as a failure to
+/// trace it or with raw log lines. The program is killed at moments spread
+/// over the attach (measured first), reaped at once or left a zombie.
+#[test]
+fn attach_to_a_program_exiting_meanwhile_says_it_exited() {
+    require_root();
+    // How long attaching takes here.
+    let mut workload = start_pausing(60);
+    let t0 = std::time::Instant::now();
+    let (gostw, _err) = start_gostw(
+        &["attach", "--pid", &workload.id().to_string()],
+        "tracing pid",
+    );
+    let attach = t0.elapsed();
+    workload.kill().unwrap();
+    workload.wait().unwrap();
+    let _ = gostw.wait_with_output();
+    eprintln!("attaching takes {attach:?}");
+    const ATTEMPTS: u32 = 20;
+    for i in 0..ATTEMPTS {
+        let mut workload = start_pausing(60);
+        let pid = workload.id();
+        // Let the Go runtime start: gostw checks the program is Go.
+        std::thread::sleep(Duration::from_millis(100));
+        let gostw = Command::new(GOSTW)
+            .args([
+                "attach",
+                "--json",
+                "--threshold",
+                "1h",
+                "--pid",
+                &pid.to_string(),
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // From a third of the attach time to a little past it.
+        let at = attach.mul_f64(0.3 + 0.9 * f64::from(i) / f64::from(ATTEMPTS));
+        std::thread::sleep(at);
+        workload.kill().unwrap();
+        if i % 2 == 0 {
+            workload.wait().unwrap();
+        }
+        let out = gostw.wait_with_output().unwrap();
+        workload.wait().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let what = format!("attempt {i}, killed after {at:?}:\n{err}");
+        assert!(err.contains(&format!("gostw: pid {pid} exited")), "{what}");
+        assert_eq!(out.status.code(), Some(0), "{what}");
+        assert!(stdout.contains(r#""type":"summary""#), "{what}\n{stdout}");
+        for bad in ["cannot trace", "No such file", "WARN", "tracer::"] {
+            assert!(!err.contains(bad), "{what}");
+        }
+    }
+}
+
+fn tracefs_mounts() -> usize {
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .lines()
+        .filter(|l| l.split(' ').nth(2) == Some("tracefs"))
+        .count()
+}
+
+/// Puts tracefs back at /sys/kernel/tracing when the test ends, if it was
+/// mounted there before.
+struct RemountTracefs(bool);
+
+impl Drop for RemountTracefs {
+    fn drop(&mut self) {
+        if self.0 && tracefs_mounts() == 0 {
+            let ok = Command::new("mount")
+                .args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "could not mount tracefs back at /sys/kernel/tracing");
+        }
+    }
+}
+
+/// gostw mounts tracefs when nothing has (to attach tracepoints) and
+/// unmounts it when it ends: the system is left as it was found.
+#[test]
+fn attach_unmounts_the_tracefs_it_mounted() {
+    require_root();
+    let _restore = RemountTracefs(tracefs_mounts() > 0);
+    // Lazily: tracefs files another program holds open stay valid.
+    let c = std::ffi::CString::new("/sys/kernel/tracing").unwrap();
+    while tracefs_mounts() > 0 {
+        // SAFETY: a valid path.
+        assert_eq!(
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) },
+            0,
+            "umount tracefs"
+        );
+    }
+    assert!(
+        !Path::new("/sys/kernel/debug/tracing/events").is_dir(),
+        "debugfs provides tracefs here: gostw would not mount it, nothing to test"
+    );
+    let mut workload = start_pausing(60);
+    let pid = workload.id().to_string();
+    let (gostw, _err) = start_gostw(
+        &["attach", "--pid", &pid, "--duration", "1s"],
+        "tracing pid",
+    );
+    let mounted_while_tracing = tracefs_mounts();
+    let out = gostw.wait_with_output().unwrap();
+    workload.kill().unwrap();
+    workload.wait().unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    assert_eq!(mounted_while_tracing, 1, "gostw did not mount tracefs");
+    assert_eq!(tracefs_mounts(), 0, "gostw left tracefs mounted");
+}

@@ -247,8 +247,9 @@ pub struct ProfileFiles {
 
 impl ProfileFiles {
     /// Write the profiles of `files` at the end; stack growth is counted in
-    /// `mode` at `sample_hz` (sampled). Each file is created now, so a path
-    /// that cannot be written fails before tracing starts.
+    /// `mode` at `sample_hz` (sampled). Each file's directory is tried now,
+    /// so a path that cannot be written fails before tracing starts; the
+    /// files appear, whole, only at the end.
     pub fn create(
         files: Vec<(ProfileKind, PathBuf)>,
         mode: Mode,
@@ -256,7 +257,8 @@ impl ProfileFiles {
         comment: String,
     ) -> std::io::Result<ProfileFiles> {
         for (_, path) in &files {
-            std::fs::File::create(path)?;
+            // Dropped uncommitted: leaves nothing behind.
+            crate::sink::file::WholeFile::create(path)?;
         }
         let growth_mode = match mode {
             Mode::Exact => StackGrowthMode::Exact,
@@ -293,7 +295,7 @@ impl ProfileFiles {
                 comment: Some(self.comment.clone()),
                 span: None,
             });
-            std::fs::write(path, bytes)?;
+            crate::sink::file::WholeFile::write(path, &bytes)?;
             written.push((path.clone(), snapshot.total()));
         }
         Ok(written)

@@ -165,6 +165,8 @@ pub struct Output {
     out: Box<dyn Write>,
     json: bool,
     threshold_ns: u64,
+    /// The pipe or socket `out` writes to, watched for its reader going away.
+    pub watch: Option<std::os::fd::RawFd>,
 }
 
 impl Output {
@@ -175,6 +177,7 @@ impl Output {
             out,
             json,
             threshold_ns,
+            watch: None,
         }
     }
 
@@ -294,6 +297,13 @@ impl ReportSink {
     /// The first error writing live records, if any.
     pub fn take_write_error(&mut self) -> Option<std::io::Error> {
         self.write_error.take()
+    }
+
+    /// Write what is left (the summary) to standard error: standard
+    /// output's reader has gone.
+    pub fn to_stderr(&mut self) {
+        self.output.out = Box::new(std::io::stderr());
+        self.output.watch = None;
     }
 
     /// The pause statistics of `pid`.
@@ -470,11 +480,19 @@ impl ReportSink {
 }
 
 impl Sink for ReportSink {
+    fn closed(&mut self) -> bool {
+        self.write_error.is_some()
+            || self
+                .output
+                .watch
+                .is_some_and(crate::sink::file::reader_gone)
+    }
+
     fn observe(&mut self, o: &Observed) {
         match o {
             Observed::Started(info) => {
                 if self.announce {
-                    eprintln!(
+                    crate::say!(
                         "gostw: tracing pid {} ({}, {}); Ctrl-C to stop",
                         info.pid,
                         info.exe.display(),
@@ -560,7 +578,7 @@ impl Sink for ReportSink {
                 }
             }
             Observed::FaultBackend(choice) => {
-                eprintln!(
+                crate::say!(
                     "gostw: fault backend {}: {}",
                     choice.backend.name(),
                     choice.reason
@@ -570,7 +588,7 @@ impl Sink for ReportSink {
                 }
             }
             Observed::FaultsUnavailable(why) => {
-                eprintln!("gostw: major faults not traced: {why}");
+                crate::say!("gostw: major faults not traced: {why}");
             }
             Observed::KernelCounters(c) => {
                 let shed = c.iter().any(|&(k, n)| k == Counter::FaultShed && n > 0);
