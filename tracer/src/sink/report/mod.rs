@@ -11,6 +11,7 @@ pub mod exposure;
 pub mod faults;
 pub mod faults_text;
 pub mod health;
+pub mod output;
 pub mod pauses;
 pub mod text;
 
@@ -23,11 +24,14 @@ use std::{
 use serde::Serialize;
 use tracer_common::counters::Counter;
 
-pub use self::text::{pause_line, summary_text};
 use self::{
     exposure::{ExposureReport, ExposureSection},
     faults::{FaultReport, FaultSummary},
     pauses::{CallerCount, PauseStats, ProcessPauses, TOP_CALLERS},
+};
+pub use self::{
+    output::Output,
+    text::{pause_line, summary_text},
 };
 use super::Sink;
 use crate::{
@@ -158,66 +162,6 @@ pub struct Summary {
     /// What tracing cost gostw (absent in summaries of recorded streams).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub health: Option<health::Health>,
-}
-
-/// Where and how live records are written.
-pub struct Output {
-    out: Box<dyn Write>,
-    json: bool,
-    threshold_ns: u64,
-    /// The pipe or socket `out` writes to, watched for its reader going away.
-    pub watch: Option<std::os::fd::RawFd>,
-}
-
-impl Output {
-    /// Write to `out`, as JSON lines or text; only pauses of at least
-    /// `threshold_ns` are written as they happen.
-    pub fn new(out: Box<dyn Write>, json: bool, threshold_ns: u64) -> Output {
-        Output {
-            out,
-            json,
-            threshold_ns,
-            watch: None,
-        }
-    }
-
-    fn pause(&mut self, p: &PauseRecord) -> std::io::Result<()> {
-        if p.duration_ns < self.threshold_ns {
-            return Ok(());
-        }
-        if self.json {
-            #[derive(Serialize)]
-            struct Tagged<'a> {
-                #[serde(rename = "type")]
-                kind: &'static str,
-                #[serde(flatten)]
-                record: &'a PauseRecord,
-            }
-            self.json_line(&Tagged {
-                kind: "pause",
-                record: p,
-            })
-        } else {
-            let mut line = pause_line(p).into_bytes();
-            line.push(b'\n');
-            self.write_line(&line)
-        }
-    }
-
-    fn json_line(&mut self, v: &impl Serialize) -> std::io::Result<()> {
-        let mut line = serde_json::to_vec(v)?;
-        line.push(b'\n');
-        self.write_line(&line)
-    }
-
-    /// One record, newline included, in one write: `run` shares its stdout
-    /// with the traced program, whose output must not land inside a line
-    /// (stdout's line buffer of 1 KiB would write a longer line in pieces;
-    /// a pipe keeps a write of up to 4 KiB whole).
-    fn write_line(&mut self, line: &[u8]) -> std::io::Result<()> {
-        self.out.write_all(line)?;
-        self.out.flush()
-    }
 }
 
 /// Stack growth of one process, as the stream tells it.
