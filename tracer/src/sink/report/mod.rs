@@ -17,7 +17,7 @@ pub mod text;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    io::Write,
+    io::Write as _,
     sync::Arc,
 };
 
