@@ -1,5 +1,5 @@
 //! Unit tests of the report sink: live records, the summary and its text.
-use std::{cell::RefCell, rc::Rc};
+use std::{cell::RefCell, io::Write, rc::Rc};
 
 use super::*;
 use crate::{
