@@ -156,9 +156,12 @@ fn agent_with_20_processes_stays_within_its_budget() {
         "only {pauses} pauses in {secs:.0} s; agent log:\n{}",
         agent_log()
     );
+    // The agent worked (its CPU is read, not zero); its cost net of the
+    // control's may come out near zero on an idle host, never above budget.
+    assert!(whole > 0.0, "the agent's CPU was not read");
     assert!(
-        cpu > 0.0 && cpu <= MAX_CPU_SHARE,
-        "agent CPU {:.3}% of a core (budget {}%)",
+        cpu <= MAX_CPU_SHARE,
+        "agent CPU {:.3}% of a core net of the control's (budget {}%)",
         100.0 * cpu,
         100.0 * MAX_CPU_SHARE
     );
