@@ -7,6 +7,7 @@ pub mod faults;
 pub mod overhead;
 mod stack;
 mod stopping;
+mod storm;
 
 use std::process::Command;
 
@@ -24,8 +25,9 @@ pub struct Options {
     /// bpftrace equivalent), `pauses` (stop-the-world probes on a GC-heavy
     /// workload), `stack` (stack-growth modes and a bpftrace newstack
     /// counter on a goroutine-per-task workload), `faults` (page faults of
-    /// a process gostw does not trace) or `stopping` (what the stopping-phase
-    /// probe adds to Go's own pause figures).
+    /// a process gostw does not trace), `stopping` (what the stopping-phase
+    /// probe adds to Go's own pause figures) or `storm` (what the CLI and
+    /// the agent keep under a page-out storm beside a pause storm).
     pub name: String,
     /// Rounds (untraced/traced pairs; `overhead`: every configuration once);
     /// default 7, `overhead` 9 (at least).
@@ -34,6 +36,9 @@ pub struct Options {
     /// Seconds each workload run lasts.
     #[arg(long, default_value_t = 3)]
     pub seconds: u32,
+    /// `storm`: gcswap processes paged out at once.
+    #[arg(long, default_value_t = 3)]
+    pub processes: u32,
     /// Go version of the workload.
     #[arg(long, default_value = go::DEFAULT)]
     pub go: String,
@@ -53,12 +58,15 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         "pauses" => pauses(opts),
         "stack" => stack::run(opts),
         "stopping" => stopping::run(opts),
+        "storm" => storm::run(opts.processes, opts.rounds.unwrap_or(4), &opts.go),
         "faults" => faults::run(&faults::Options {
             runs: opts.rounds() as usize,
             ..faults::Options::default()
         }),
         other => {
-            bail!("unknown benchmark {other:?} (known: overhead, pauses, stack, faults, stopping)")
+            bail!(
+                "unknown benchmark {other:?} (known: overhead, pauses, stack, faults, stopping, storm)"
+            )
         }
     }
 }

@@ -17,7 +17,8 @@
 // memory classes (every /memory/classes/ metric of runtime/metrics, in
 // bytes), read and printed without allocating on the heap in between, so a
 // helper can freeze the process right after the line and compare. "cwork"
-// makes C allocations in builds with -tags gostwcgo (cgo.go).
+// makes C allocations in builds with -tags gostwcgo (cgo.go). "hist" prints,
+// prefixed "HIST ", Go's GC pause histogram as it is now.
 package main
 
 import (
@@ -171,6 +172,12 @@ func main() {
 		if cmd == "metrics" {
 			printMemoryClasses()
 		}
+		if cmd == "hist" {
+			// Go's GC pause histogram now, to compare a traced stretch
+			// with: the report's at exit less this one.
+			b, _ := json.Marshal(gcPauseHist())
+			fmt.Printf("HIST %s\n", b)
+		}
 		if cmd == "cwork" {
 			if cWork == nil {
 				fmt.Println("CWORK none")
@@ -276,13 +283,19 @@ func histogram(name string) []bucket {
 	return out
 }
 
+// gcPauseHist is Go's GC pause histogram: /sched/pauses/total/gc (1.22+),
+// else the older /gc/pauses.
+func gcPauseHist() []bucket {
+	if gc := histogram("/sched/pauses/total/gc:seconds"); gc != nil {
+		return gc
+	}
+	return histogram("/gc/pauses:seconds")
+}
+
 func report(gcs int) {
 	// Read before anything else stops the world or faults.
 	flt := majflt()
-	gc := histogram("/sched/pauses/total/gc:seconds")
-	if gc == nil {
-		gc = histogram("/gc/pauses:seconds")
-	}
+	gc := gcPauseHist()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	var pauses []uint64

@@ -38,6 +38,7 @@ pub struct GcSwapReport {
 #[derive(Debug, Deserialize)]
 pub struct Bucket {
     pub ge: f64,
+    pub le: f64,
     pub count: u64,
 }
 

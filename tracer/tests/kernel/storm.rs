@@ -6,7 +6,8 @@
 //! The walkers' faults outside pauses are what fills the fault ring buffer;
 //! pauses have a ring of their own and faults are counted in the kernel, so:
 //! every stop the program made is a pause record (the kernel's count of
-//! `stopTheWorldWithSema` entries, and Go's own GC pause count), gostw's fault
+//! `stopTheWorldWithSema` entries; Go's own GC pause histogram, bucket for
+//! bucket, over the traced stretch), gostw's fault
 //! total is the kernel's majflt, and every fault inside a pause has its stack.
 
 use std::{process::Output, time::Duration};
@@ -15,7 +16,7 @@ use serde_json::Value;
 
 use crate::{
     agent::{Procs, free_port, http_get, start_agent, sum_series, wait_until},
-    faults::{GcSwapReport, majflt_agrees, start_gostw},
+    faults::{Bucket, GcSwapReport, majflt_agrees, start_gostw},
     memory::signal,
     scenario::{GcSwap, MemCgroup, SwapFile, majflt, swap_out},
     support::{build_workload, newest_go, require_root},
@@ -62,6 +63,10 @@ fn pageout_storm_loses_no_pause_and_counts_every_fault() {
     // gostw is stopped through each round, as a tracer starved of CPU
     // would be: nothing is read while the round's faults and pauses
     // arrive, so the fault ring fills past half and sheds.
+    // Go's GC pause histogram before the storm: the report's at exit less
+    // this is what Go counted over the traced stretch.
+    let before: Vec<Bucket> =
+        serde_json::from_str(workload.ask("hist", "HIST ").strip_prefix("HIST ").unwrap()).unwrap();
     let mut paged = 0;
     for _ in 0..ROUNDS {
         signal(gostw.id(), libc::SIGSTOP);
@@ -127,6 +132,38 @@ fn pageout_storm_loses_no_pause_and_counts_every_fault() {
         gc_records,
         2 * ROUNDS as u64,
         "GC pause records vs the GCs Go ran"
+    );
+    // Go 1.22+: the records' durations (Go's own) fall in Go's buckets
+    // exactly as Go counted them over the traced stretch.
+    let go_counts: Vec<(f64, f64, u64)> = report
+        .gc_pause_hist
+        .iter()
+        .map(|b| {
+            let earlier = before.iter().find(|e| e.ge == b.ge).map_or(0, |e| e.count);
+            (b.ge, b.le, b.count - earlier)
+        })
+        .filter(|&(_, _, n)| n > 0)
+        .collect();
+    let mut ours: Vec<(f64, f64, u64)> = Vec::new();
+    for p in pauses
+        .iter()
+        .filter(|v| v["reason"].as_str().is_some_and(|r| r.starts_with("gc_")))
+    {
+        let d = n(&p["duration_ns"]) as f64 / 1e9;
+        let (ge, le) = report
+            .gc_pause_hist
+            .iter()
+            .find(|b| b.ge <= d && d < b.le)
+            .map_or((d, d), |b| (b.ge, b.le));
+        match ours.iter_mut().find(|o| o.0 == ge) {
+            Some(o) => o.2 += 1,
+            None => ours.push((ge, le, 1)),
+        }
+    }
+    ours.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert_eq!(
+        ours, go_counts,
+        "gostw's GC pauses bucketed like Go's vs Go's own"
     );
     // Every fault counted: the kernel's majflt, to 0.1%.
     assert!(
