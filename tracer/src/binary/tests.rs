@@ -441,19 +441,34 @@ fn compressed_debug_sections_are_inflated() {
 }
 
 /// Run every parser over `data`; only a panic fails.
-fn analyse(data: Vec<u8>) {
+/// How far the analysis of `data` went: parsed as a Go binary, and its
+/// pclntab read. A PC past every function never symbolizes.
+fn analyse(data: Vec<u8>) -> (bool, bool) {
     let Ok(bin) = GoBinary::from_bytes(Path::new("fuzzed"), data) else {
-        return;
+        return (false, false);
     };
     let _ = bin.function("main.a");
     let _ = bin.function(NEWSTACK);
     let _ = bin.struct_offsets();
     let _ = bin.offsets_from(OffsetSource::TypeDescriptors);
-    if let Ok(p) = bin.pclntab() {
-        let _ = p.functions().count();
-        for pc in [0, TEXT, TEXT + 5, TEXT + 0x12, u64::MAX] {
-            let _ = p.frames(pc);
-        }
+    let Ok(p) = bin.pclntab() else {
+        return (true, false);
+    };
+    let _ = p.functions().count();
+    for pc in [0, TEXT, TEXT + 5, TEXT + 0x12] {
+        let _ = p.frames(pc);
+    }
+    assert!(p.frames(u64::MAX).is_empty(), "a PC past every function symbolized");
+    (true, true)
+}
+
+/// The control of the mutation tests: the binaries they mutate analyse all
+/// the way (so mutations reach the deep paths, not only the ELF check).
+#[test]
+fn unmutated_binaries_analyse_all_the_way() {
+    assert_eq!(analyse(synthetic("go1.22.3")), (true, true));
+    for route in [VersionRoute::Symtab, VersionRoute::Schedinit] {
+        assert_eq!(analyse(without_buildinfo("go1.22.3", route)), (true, true));
     }
 }
 
@@ -461,8 +476,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_bytes_never_panic(data in prop::collection::vec(any::<u8>(), 0..4096)) {
-        analyse(data);
+    fn random_bytes_are_an_error_never_a_panic(data in prop::collection::vec(any::<u8>(), 0..4096)) {
+        prop_assert_eq!(analyse(data), (false, false));
     }
 
     #[test]
