@@ -458,7 +458,10 @@ fn analyse(data: Vec<u8>) -> (bool, bool) {
     for pc in [0, TEXT, TEXT + 5, TEXT + 0x12] {
         let _ = p.frames(pc);
     }
-    assert!(p.frames(u64::MAX).is_empty(), "a PC past every function symbolized");
+    assert!(
+        p.frames(u64::MAX).is_empty(),
+        "a PC past every function symbolized"
+    );
     (true, true)
 }
 
