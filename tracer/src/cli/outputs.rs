@@ -145,24 +145,14 @@ impl Sink for Outputs {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn names(d: &std::path::Path) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(d)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    }
+    use crate::sink::file::tests::{dir, names};
 
     /// The files of a trace appear only when it ends and are complete then;
     /// a trace that ends without `finish` (it failed) leaves none, whole or
     /// cut off.
     #[test]
     fn files_appear_complete_or_not_at_all() {
-        let d = std::env::temp_dir().join(format!("gostw-outputs-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
+        let d = dir("outputs");
         let opts = FileOptions {
             pprof: Some(d.join("p.pb.gz")),
             timeline: Some(d.join("t.json")),

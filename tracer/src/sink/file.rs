@@ -196,19 +196,21 @@ pub fn reader_gone(fd: RawFd) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::os::fd::AsRawFd as _;
 
     use super::*;
 
-    fn dir(name: &str) -> PathBuf {
+    /// A fresh scratch directory for test `name`.
+    pub(crate) fn dir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("gostw-file-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
     }
 
-    fn names(d: &Path) -> Vec<String> {
+    /// The names in `d`, sorted.
+    pub(crate) fn names(d: &Path) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(d)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
