@@ -62,7 +62,8 @@ fn vm_go() -> go::Toolchain {
 
 #[derive(clap::Args)]
 pub struct Options {
-    /// Kernel to boot: debian-6.1 (Debian 12's 6.1 LTS) or debian-6.12.
+    /// Kernel to boot: debian-6.1 (Debian 12's 6.1 LTS, default), debian-5.10
+    /// (Debian 11), debian-6.12, debian-7.3 (the newest Debian builds).
     #[arg(long, default_value = "debian-6.1")]
     pub kernel: String,
     /// Kill the VM after this many minutes.
