@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod binary;
 pub mod bpf_stats;
+pub mod check;
 pub mod engine;
 pub mod formats;
 pub mod image;

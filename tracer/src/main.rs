@@ -33,6 +33,10 @@ enum Command {
     Agent(tracer::agent::Args),
     /// Major page faults of a process and the pauses they lengthen.
     Faults(cli::faults::Args),
+    /// What gostw can do on this host: kernel, probe families, fault
+    /// backend, and each feature (works / degraded / unavailable, and why).
+    /// Exit status: 0 all works, 1 something degraded, 2 no pauses.
+    Check(tracer::check::CheckArgs),
     /// Memory and swap exposure of a Go process now, by what Go uses it
     /// for, with its cgroup, the host's swap traffic, and advice.
     Memory(cli::memory::Args),
@@ -60,6 +64,7 @@ fn main() -> ExitCode {
             Command::Agent(args) => tracer::agent::run(args).await.map(|()| 0),
             Command::Faults(args) => cli::faults::run(args).await,
             Command::Memory(args) => cli::memory::run(args),
+            Command::Check(args) => tracer::check::run(&args),
         }
     });
     match result {
