@@ -111,3 +111,56 @@ fn task_layout() -> anyhow::Result<TaskLayout> {
         regs_offset: THREAD_SIZE - regs,
     })
 }
+
+/// `BPF_F_NO_PREALLOC`.
+const NO_PREALLOC: u32 = 1;
+
+/// Before 6.1 (its BPF memory allocator) the verifier refuses perf_event
+/// programs (the fault end, the stack sampler) that use a hash map which is
+/// not preallocated. There, `object` is copied with every map's
+/// `BPF_F_NO_PREALLOC` cleared (legacy `maps` section: `bpf_map_def`,
+/// `map_flags` at byte 16); `None` where the kernel needs no change.
+pub fn preallocated_maps(object: &[u8]) -> anyhow::Result<Option<Vec<u64>>> {
+    use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+    let old = aya::util::KernelVersion::current()
+        .is_ok_and(|v| v < aya::util::KernelVersion::new(6, 1, 0));
+    if !old {
+        return Ok(None);
+    }
+    // u64 words keep the copy aligned for the ELF parser.
+    let mut words = vec![0u64; object.len().div_ceil(8)];
+    let bytes: &mut [u8] = bytemuck_bytes(&mut words);
+    bytes[..object.len()].copy_from_slice(object);
+    let elf = object::File::parse(object)?;
+    let Some(maps) = elf.section_by_name("maps") else {
+        return Ok(None);
+    };
+    let (start, _) = maps
+        .file_range()
+        .ok_or_else(|| anyhow::anyhow!("the maps section has no file data"))?;
+    let mut changed = Vec::new();
+    for sym in elf.symbols() {
+        if sym.section_index() != Some(maps.index()) {
+            continue;
+        }
+        let at = (start + sym.address()) as usize + 16;
+        let Some(field) = bytes.get_mut(at..at + 4) else {
+            continue;
+        };
+        let flags = u32::from_le_bytes(field.try_into()?);
+        if flags & NO_PREALLOC != 0 {
+            field.copy_from_slice(&(flags & !NO_PREALLOC).to_le_bytes());
+            changed.push(sym.name().unwrap_or("?").to_owned());
+        }
+    }
+    log::info!(
+        "Linux before 6.1: perf_event programs need preallocated hash maps; preallocating {}",
+        changed.join(", ")
+    );
+    Ok(Some(words))
+}
+
+fn bytemuck_bytes(words: &mut [u64]) -> &mut [u8] {
+    // SAFETY: any u64 slice is a valid byte slice of 8 times its length.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), words.len() * 8) }
+}

@@ -59,7 +59,17 @@ impl Object {
         // The programs read raw offsets (tracepoint formats, Go's structs
         // from binary analysis) and need no CO-RE relocation, so the kernel's
         // BTF (megabytes, about half a second to parse here) is not loaded.
-        let ebpf = EbpfLoader::new().btf(None).load(EBPF_OBJECT).map_err(|e| {
+        let patched = super::compat::preallocated_maps(EBPF_OBJECT)?;
+        let bytes: &[u8] = match &patched {
+            // SAFETY: the words hold the copied object; the tail past its
+            // length is cut off.
+            Some(words) => unsafe {
+                &std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), words.len() * 8)
+                    [..EBPF_OBJECT.len()]
+            },
+            None => EBPF_OBJECT,
+        };
+        let ebpf = EbpfLoader::new().btf(None).load(bytes).map_err(|e| {
             // SAFETY: no preconditions.
             let root = unsafe { libc::geteuid() } == 0;
             // The errno is in the source chain (a map or program creation error).
