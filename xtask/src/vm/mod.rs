@@ -35,9 +35,10 @@ use crate::{
 /// backend end to end (page-out scenario) and the tracepoint backend's
 /// control run (attach and verifier on the distro kernel). The memory
 /// exposure tests run there too, for cgroup v2's memory controller, except
-/// the cgo one (the guest has no C library). The laggard and sampled stack
-/// growth tests run the programs that older kernels (5.10) load as variants
-/// (`tracer_common::compat`): the M list walk and the sampler's registers.
+/// the cgo one (the guest has no C library). The sampled stack growth test
+/// and `compat::` run the programs that older kernels (5.10) load as
+/// variants (`tracer_common::compat`): the sampler's registers and the M
+/// list walk (laggards named); `check::` compares `gostw check` with them.
 pub const VM_TESTS: &[&str] = &[
     "stw_probe::",
     "vm_env::",
@@ -45,7 +46,6 @@ pub const VM_TESTS: &[&str] = &[
     "faults::tracepoint_backend_with_explain",
     "faults::without_pageout_",
     "backend_agreement::",
-    "laggards::a_spinning_goroutine_is_named_as_the_laggard",
     "stack_growth::sampled_and_exact_agree_on_the_top_site",
     "compat::",
     "check::",
