@@ -4,6 +4,7 @@
 //! time.
 #![no_std]
 
+pub mod compat;
 pub mod counters;
 pub mod event;
 pub mod explain;

@@ -18,6 +18,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, StackTrace},
 };
 use tracer_common::{
+    compat::COMPAT_MAX_MS,
     counters::Counter,
     event::{EventHeader, EventKind},
     explain::{
@@ -187,8 +188,15 @@ fn fp_walk<const N: usize>(mut bp: u64, lo: u64, hi: u64, out: &mut [u64; N], n:
 /// A new one may be off the CPU already (preempted, throttled): its first
 /// switch-in then closes an interval that began at `since`. Reads the
 /// current process's memory: call it in a thread of process `tgid`.
+/// Without `BPF_LOOP` (kernels before 5.17), a bounded loop reads at most
+/// `COMPAT_MAX_MS` Ms.
 #[inline(always)]
-pub fn walk_ms(d: &mut PauseDetail, p: &TracedProcess, tgid: u32, since: u64) {
+pub fn walk_ms<const BPF_LOOP: bool>(
+    d: &mut PauseDetail,
+    p: &TracedProcess,
+    tgid: u32,
+    since: u64,
+) {
     d.ms_walked = 0;
     if d.allm == 0 || p.explain.m_alllink == GoOffsets::UNKNOWN {
         return;
@@ -204,6 +212,14 @@ pub fn walk_ms(d: &mut PauseDetail, p: &TracedProcess, tgid: u32, since: u64) {
         since,
         m,
     };
+    if !BPF_LOOP {
+        for i in 0..COMPAT_MAX_MS {
+            if ms_step(i as u64, (&mut w as *mut MsWalk).cast()) != 0 {
+                break;
+            }
+        }
+        return;
+    }
     // Through `bpf_loop`: the verifier checks `ms_step` once, where a
     // bounded loop around the candidates' loop made it explore every
     // iteration of both (about 0.5 s of verification at each start).

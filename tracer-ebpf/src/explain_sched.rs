@@ -27,6 +27,7 @@ use tracer_common::{
 };
 
 use crate::{
+    compat::TaskBtf,
     explain::{
         PAUSE_DETAILS, PAUSE_STACKS, PAUSE_THREADS, any_open, goroutine_frames, laggard_slot, now,
         walk_ms,
@@ -58,7 +59,14 @@ const REWALKS: u32 = 64;
 /// `sched:sched_switch`.
 #[tracepoint]
 pub fn explain_switch(ctx: TracePointContext) -> u32 {
-    switched(&ctx);
+    switched::<true>(&ctx);
+    0
+}
+
+/// `explain_switch` for kernels before 5.17 (no `bpf_loop`).
+#[tracepoint]
+pub fn explain_switch_compat(ctx: TracePointContext) -> u32 {
+    switched::<false>(&ctx);
     0
 }
 
@@ -68,14 +76,14 @@ pub fn explain_switch(ctx: TracePointContext) -> u32 {
 /// check, 60-80 ns here, on every switch of every process).
 #[tracepoint]
 pub fn switch_both(ctx: TracePointContext) -> u32 {
-    fault_tracepoint::switched(&ctx);
-    switched(&ctx);
+    fault_tracepoint::switched::<TaskBtf>(&ctx);
+    switched::<true>(&ctx);
     0
 }
 
-/// The body of `explain_switch`.
+/// The body of `explain_switch`; `BPF_LOOP`: the M list walk may use it.
 #[inline(always)]
-fn switched(ctx: &TracePointContext) {
+fn switched<const BPF_LOOP: bool>(ctx: &TracePointContext) {
     if !any_open() {
         return;
     }
@@ -83,7 +91,7 @@ fn switched(ctx: &TracePointContext) {
     // SAFETY: offsets inside the tracepoint record (format file).
     let prev_state: i64 = unsafe { ctx.read_at(SWITCH_PREV_STATE) }.unwrap_or(0);
     let next: i32 = unsafe { ctx.read_at(SWITCH_NEXT_PID) }.unwrap_or(0);
-    switched_out(ctx, prev_state, t);
+    switched_out::<BPF_LOOP>(ctx, prev_state, t);
     if next > 0 {
         switched_in(next as u32, t);
     }
@@ -131,7 +139,7 @@ fn state_of(prev_state: i64) -> LaggardState {
 
 /// The current thread leaves the CPU.
 #[inline(always)]
-fn switched_out(ctx: &TracePointContext, prev_state: i64, t: u64) {
+fn switched_out<const BPF_LOOP: bool>(ctx: &TracePointContext, prev_state: i64, t: u64) {
     let (tgid, tid) = current_ids();
     let Some(d) = open_detail(tgid) else {
         return;
@@ -152,7 +160,7 @@ fn switched_out(ctx: &TracePointContext, prev_state: i64, t: u64) {
         && let Some(p) = traced(tgid)
     {
         d.rewalked += 1;
-        walk_ms(d, p, tgid, if first { d.stop_ts_ns } else { t });
+        walk_ms::<BPF_LOOP>(d, p, tgid, if first { d.stop_ts_ns } else { t });
     }
     follow_out(ctx, d, tgid, tid, prev_state, t, unfiltered);
 }

@@ -20,8 +20,7 @@ use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::pt_regs,
-    helpers::{bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_task_pt_regs},
+    helpers::bpf_probe_read_kernel,
     macros::{map, perf_event, tracepoint},
     maps::{Array, PerCpuArray},
     programs::{PerfEventContext, TracePointContext},
@@ -32,6 +31,7 @@ use tracer_common::{
 };
 
 use crate::{
+    compat::{TaskBtf, TaskLayoutRegs, UserRegs},
     fault::{FAULT_STATE, close_blocked, current_ids, emit, now, state_mut},
     maps::{count, traced},
 };
@@ -132,19 +132,18 @@ fn close_interval(state: &mut FaultState) {
 /// that began at `ip`: a user-mode fault leaves the faulting instruction in
 /// the thread's saved user registers until the thread enters the kernel
 /// again. Kernel-mode faults (a syscall copying user memory) cannot be told
-/// apart this way and count as inside.
+/// apart this way and count as inside, as do faults where the registers
+/// cannot be found.
 #[inline(always)]
-fn still_in_fault(flags: u32, ip: u64) -> bool {
+fn still_in_fault<R: UserRegs>(flags: u32, ip: u64) -> bool {
     if flags & FaultEvent::FLAG_KERNEL_MODE != 0 {
         return true;
     }
-    // SAFETY: the current task is valid for the whole program run, and the
-    // returned pointer is read through the checked helper.
-    unsafe {
-        let task = bpf_get_current_task_btf();
-        let regs = bpf_task_pt_regs(task) as *const pt_regs;
-        bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rip)).is_ok_and(|rip| rip == ip)
-    }
+    let Some(regs) = R::current() else {
+        return true;
+    };
+    // SAFETY: read through the checked helper.
+    unsafe { bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rip)) }.is_ok_and(|rip| rip == ip)
 }
 
 /// The fault of a slot as per-thread state.
@@ -269,13 +268,20 @@ pub fn fault_tp_bio_queue(_ctx: TracePointContext) -> u32 {
 /// they sleep uninterruptibly, one lookup.
 #[tracepoint]
 pub fn fault_tp_switch(ctx: TracePointContext) -> u32 {
-    switched(&ctx);
+    switched::<TaskBtf>(&ctx);
+    0
+}
+
+/// `fault_tp_switch` for kernels before 5.15 (`tracer_common::compat`).
+#[tracepoint]
+pub fn fault_tp_switch_compat(ctx: TracePointContext) -> u32 {
+    switched::<TaskLayoutRegs>(&ctx);
     0
 }
 
 /// The body of `fault_tp_switch` (also run by `explain_sched::switch_both`).
 #[inline(always)]
-pub fn switched(ctx: &TracePointContext) {
+pub fn switched<R: UserRegs>(ctx: &TracePointContext) {
     let tid = field::<i32>(ctx, SWITCH_PREV_PID) as u32;
     let prev_state: i64 = field(ctx, SWITCH_PREV_STATE);
     let blocked = prev_state & UNINTERRUPTIBLE != 0;
@@ -283,7 +289,7 @@ pub fn switched(ctx: &TracePointContext) {
         slot.tid = 0;
         // Sleeping or preempted (it may resume on another CPU) in the fault.
         let preempted = prev_state & STATE_LETTERS == 0;
-        if (blocked || preempted) && still_in_fault(slot.flags, slot.ip) {
+        if (blocked || preempted) && still_in_fault::<R>(slot.flags, slot.ip) {
             promote(tid, slot, blocked);
         }
         return;
@@ -297,7 +303,7 @@ pub fn switched(ctx: &TracePointContext) {
     if state.begin_ns == 0 || state.off_since_ns != 0 {
         return;
     }
-    if still_in_fault(state.flags, state.ip) {
+    if still_in_fault::<R>(state.flags, state.ip) {
         open_interval(state);
         sleepers_add(1);
     } else {

@@ -8,6 +8,7 @@
 #![feature(core_intrinsics)]
 #![expect(internal_features, reason = "atomic_xadd, see above")]
 
+mod compat;
 mod explain;
 mod explain_sched;
 mod fault;

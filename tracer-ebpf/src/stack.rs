@@ -18,10 +18,9 @@
 
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::{BPF_RB_AVAIL_DATA, pt_regs},
+    bindings::BPF_RB_AVAIL_DATA,
     helpers::{
-        bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        bpf_probe_read_kernel, bpf_probe_read_user, bpf_task_pt_regs,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
     },
     macros::{map, perf_event, uprobe},
     maps::{Array, PerCpuArray, PerCpuHashMap},
@@ -37,8 +36,9 @@ use tracer_common::{
     },
 };
 
-use crate::maps::{
-    EVENTS, EVENTS_BYTES, SUBMIT_FLAGS, count, hit, ringbuf_full, traced, traced_sample,
+use crate::{
+    compat::{TaskBtf, TaskLayoutRegs, UserRegs},
+    maps::{EVENTS, EVENTS_BYTES, SUBMIT_FLAGS, count, hit, ringbuf_full, traced, traced_sample},
 };
 
 /// Unread bytes in `EVENTS` past which stack-growth events are shed.
@@ -245,36 +245,40 @@ fn try_stack_copy(ctx: &ProbeContext) -> Option<()> {
 /// kernel entry (a sample that lands in the page fault of a fresh stack page
 /// still counts). Only that word is read, not the whole `pt_regs`.
 #[inline(always)]
-fn user_r14(ctx: &PerfEventContext) -> Option<u64> {
+fn user_r14<R: UserRegs>(ctx: &PerfEventContext) -> Option<u64> {
     // SAFETY: the kernel hands perf_event programs valid sample data.
     let regs = unsafe { &(*ctx.ctx).regs };
     if regs.cs & 3 == 3 {
         return Some(regs.r14);
     }
-    // SAFETY: the current task is valid for the whole program run, and the
-    // returned pointer is read through the checked helper.
-    unsafe {
-        let task = bpf_get_current_task_btf();
-        let user = bpf_task_pt_regs(task) as *const pt_regs;
-        bpf_probe_read_kernel(core::ptr::addr_of!((*user).r14)).ok()
-    }
+    let user = R::current()?;
+    // SAFETY: read through the checked helper.
+    unsafe { bpf_probe_read_kernel(core::ptr::addr_of!((*user).r14)) }.ok()
 }
 
 /// CPU-clock sample on every CPU (pid -1); only traced processes pay more
 /// than the map lookup.
 #[perf_event]
 pub fn stack_sample(ctx: PerfEventContext) -> u32 {
-    let _ = try_stack_sample(&ctx);
+    let _ = try_stack_sample::<TaskBtf>(&ctx);
     0
 }
 
-fn try_stack_sample(ctx: &PerfEventContext) -> Option<()> {
+/// `stack_sample` for kernels before 5.15 (`tracer_common::compat`).
+#[perf_event]
+pub fn stack_sample_compat(ctx: PerfEventContext) -> u32 {
+    let _ = try_stack_sample::<TaskLayoutRegs>(&ctx);
+    0
+}
+
+#[inline(always)]
+fn try_stack_sample<R: UserRegs>(ctx: &PerfEventContext) -> Option<()> {
     let tgid = ctx.tgid();
     let p = traced_sample(tgid)?;
     let o = &p.offsets;
     // R14 is the current g in Go code (ABIInternal). Outside Go code it may
     // hold anything, and the reads below fail or do not match: not an error.
-    let g = user_r14(ctx)?;
+    let g = user_r14::<R>(ctx)?;
     let m = field(g, o.g_m)?;
     if m == 0 || field(m, o.m_g0)? != g {
         return None;

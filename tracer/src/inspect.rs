@@ -53,6 +53,9 @@ pub struct InspectReport {
     /// memory for); `null` if it cannot be found.
     pub allglen: Option<Allglen>,
     pub fault_backend: BackendChoice,
+    /// Programs this kernel needs in their variant for older kernels, and
+    /// why (`kernel::compat`); empty on 5.17 and newer.
+    pub program_variants: Vec<String>,
 }
 
 /// The process an inspected executable was taken from.
@@ -160,6 +163,7 @@ pub fn inspect(
         struct_offsets,
         allglen: binary.allglen(),
         fault_backend: capabilities::detect().report(),
+        program_variants: crate::kernel::compat::Compat::detect().describe(),
     })
 }
 
@@ -280,6 +284,12 @@ pub fn human(r: &InspectReport) -> String {
         },
         r.fault_backend.reason
     );
+    if !r.program_variants.is_empty() {
+        let _ = writeln!(s, "\nolder kernel, program variants in use:");
+        for v in &r.program_variants {
+            let _ = writeln!(s, "  {v}");
+        }
+    }
     s
 }
 

@@ -22,6 +22,7 @@ macro_rules! say {
 pub mod agent;
 pub mod binary;
 pub mod bpf_stats;
+pub mod check;
 pub mod cli;
 pub mod engine;
 pub mod formats;

@@ -68,6 +68,7 @@ fn main() -> ExitCode {
             Command::Agent(args) => tracer::agent::run(args).await.map(|()| 0),
             Command::Faults(args) => cli::faults::run(args).await,
             Command::Memory(args) => cli::memory::run(args),
+            Command::Check(args) => tracer::check::run(&args),
         }
     });
     // Whatever way gostw ends, what it mounted goes.

@@ -48,6 +48,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     bpf_linker()?;
     if !opts.minimal {
         apt_packages(APT_PACKAGES)?;
+        kernel_suites()?;
     }
     let versions: Vec<_> = if opts.minimal {
         vec![go::toolchain(go::DEFAULT).expect("default Go is in the matrix")]
@@ -183,6 +184,77 @@ pub fn apt_packages(packages: &[&str]) -> anyhow::Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
+}
+
+/// Debian suites that serve the VM suite's other kernels: Debian 11's 5.10
+/// and the newest kernel Debian builds for amd64 (Debian 13's backports).
+pub const KERNEL_SUITES: &[&str] = &["bullseye", "trixie", "trixie-backports"];
+
+const KERNEL_SOURCES: &str = "/etc/apt/sources.list.d/gostw-kernels.sources";
+const KERNEL_PINS: &str = "/etc/apt/preferences.d/gostw-kernels";
+
+/// Adds [`KERNEL_SUITES`] to apt, pinned at priority 100 so that nothing is
+/// ever installed or upgraded from them unless named explicitly; the VM suite
+/// only `apt-get download`s kernel packages from them. The archive is the one
+/// Debian 12's own sources name. Idempotent: returns whether it changed apt's
+/// configuration (then the package lists need an update).
+pub fn kernel_suites() -> anyhow::Result<bool> {
+    step(&format!(
+        "apt suites for the VM kernels: {} (pinned low)",
+        KERNEL_SUITES.join(" ")
+    ));
+    let uri = debian_archive_uri()?;
+    let sources = format!(
+        "# Kernel packages for gostw's VM suite (cargo xtask setup); pinned low in\n\
+         # {KERNEL_PINS}.\n\
+         Types: deb\nURIs: {uri}\nSuites: {}\nComponents: main\n\
+         Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
+        KERNEL_SUITES.join(" ")
+    );
+    let pins: String = KERNEL_SUITES
+        .iter()
+        .map(|s| format!("Package: *\nPin: release n={s}\nPin-Priority: 100\n"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let same = |path: &str, text: &str| fs::read_to_string(path).is_ok_and(|t| t == text);
+    if same(KERNEL_SOURCES, &sources) && same(KERNEL_PINS, &pins) {
+        eprintln!("already configured");
+        return Ok(false);
+    }
+    if !is_root() {
+        bail!(
+            "adding apt suites needs root (or write {KERNEL_SOURCES} and {KERNEL_PINS} yourself)"
+        );
+    }
+    // Pins first: the suites never exist without them.
+    fs::write(KERNEL_PINS, pins)?;
+    fs::write(KERNEL_SOURCES, sources)?;
+    exec(Command::new("apt-get").args(["update", "-q"]))?;
+    Ok(true)
+}
+
+/// The URI of Debian's main archive in this machine's apt sources.
+fn debian_archive_uri() -> anyhow::Result<String> {
+    let mut text = String::new();
+    for path in [
+        "/etc/apt/sources.list.d/debian.sources",
+        "/etc/apt/sources.list",
+    ] {
+        text.push_str(&fs::read_to_string(path).unwrap_or_default());
+        text.push('\n');
+    }
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            l.strip_prefix("URIs:").map(str::trim).or_else(|| {
+                l.strip_prefix("deb ")
+                    .and_then(|r| r.split_whitespace().find(|w| w.contains("://")))
+            })
+        })
+        .flat_map(str::split_whitespace)
+        .find(|u| u.trim_end_matches('/').ends_with("/debian"))
+        .map(str::to_owned)
+        .context("no Debian archive (a URI ending in /debian) in /etc/apt/sources.list*")
 }
 
 /// One Go toolchain of the matrix.

@@ -32,6 +32,10 @@ pub enum Command {
     Agent(crate::agent::Args),
     /// Major page faults of a process and the pauses they lengthen.
     Faults(faults::Args),
+    /// What gostw can do on this host: kernel, probe families, fault
+    /// backend, and each feature (works / degraded / unavailable, and why).
+    /// Exit status: 0 all works, 1 something degraded, 2 no pauses.
+    Check(crate::check::CheckArgs),
     /// Memory and swap exposure of a Go process now, by what Go uses it
     /// for, with its cgroup, the host's swap traffic, and advice.
     Memory(memory::Args),

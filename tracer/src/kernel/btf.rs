@@ -168,6 +168,16 @@ impl Btf {
         Ok(bits / 8)
     }
 
+    /// Size in bytes of struct `name`.
+    pub fn size(&self, name: &str) -> Result<u32, BtfError> {
+        self.by_name
+            .get(name)
+            .and_then(|&id| self.types.get(id as usize))
+            .filter(|t| t.kind == KIND_STRUCT)
+            .map(|t| t.size_or_type)
+            .ok_or_else(|| BtfError::Missing(format!("struct {name}")))
+    }
+
     /// A member's bit offset and type, looking into anonymous members.
     fn find(&self, t: &Type, member: &str) -> Option<(u32, u32)> {
         for (n, ty, off) in &t.members {

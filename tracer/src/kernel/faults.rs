@@ -172,6 +172,11 @@ impl FaultHooks {
         mut switch_both: bool,
     ) -> anyhow::Result<()> {
         ensure_tracefs()?;
+        if switch_both && !object.compat().missing.is_empty() {
+            // It calls the newer helpers and has no variant: the two
+            // programs it combines load as their variants instead.
+            switch_both = false;
+        }
         if switch_both && let Err(e) = object.program::<TracePoint>(SWITCH_BOTH) {
             // Its parts load on their own: a kernel that refuses the whole
             // pays two programs on sched_switch, not the faults.

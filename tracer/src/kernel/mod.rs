@@ -8,12 +8,14 @@
 //!
 //! - `object`: the loaded object, typed program handles, maps.
 //! - `capabilities`: the one detector of what the kernel supports.
+//! - `compat`: program variants for kernels that lack newer helpers.
 //! - `faults`: attaching and detaching a fault backend.
 //! - `stacks`: the stack-growth programs (sampler, duty-cycled exact probe).
 //! - `explain`: the per-process pause detail and the scheduler programs.
 
 pub mod btf;
 pub mod capabilities;
+pub mod compat;
 pub mod explain;
 pub mod faults;
 pub mod object;

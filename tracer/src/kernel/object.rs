@@ -2,6 +2,7 @@
 //! (each loaded once, on first use) and its maps. Program and map names come
 //! from `tracer_common`, next to the kernel side that defines them.
 
+use super::compat::Compat;
 use anyhow::{Context as _, bail};
 use aya::{
     Ebpf, EbpfLoader,
@@ -41,6 +42,8 @@ loadable!(UProbe, TracePoint, KProbe, PerfEvent);
 /// The loaded object: programs (not attached here) and maps.
 pub struct Object {
     ebpf: Ebpf,
+    /// The program variants this kernel needs.
+    compat: Compat,
 }
 
 impl Object {
@@ -56,7 +59,17 @@ impl Object {
         // The programs read raw offsets (tracepoint formats, Go's structs
         // from binary analysis) and need no CO-RE relocation, so the kernel's
         // BTF (megabytes, about half a second to parse here) is not loaded.
-        let ebpf = EbpfLoader::new().btf(None).load(EBPF_OBJECT).map_err(|e| {
+        let patched = super::compat::preallocated_maps(EBPF_OBJECT)?;
+        let bytes: &[u8] = match &patched {
+            // SAFETY: the words hold the copied object; the tail past its
+            // length is cut off.
+            Some(words) => unsafe {
+                &std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), words.len() * 8)
+                    [..EBPF_OBJECT.len()]
+            },
+            None => EBPF_OBJECT,
+        };
+        let ebpf = EbpfLoader::new().btf(None).load(bytes).map_err(|e| {
             // SAFETY: no preconditions.
             let root = unsafe { libc::geteuid() } == 0;
             // The errno is in the source chain (a map or program creation error).
@@ -79,15 +92,36 @@ impl Object {
                 .map_or(String::new(), |s| format!(": {s}"));
             anyhow::anyhow!("loading the eBPF programs failed{hint}: {e}{cause}")
         })?;
-        Ok(Object { ebpf })
+        let compat = Compat::detect();
+        for line in compat.describe() {
+            log::info!("older kernel: {line}");
+        }
+        if let Some(why) = compat.layout_error() {
+            log::warn!(
+                "this kernel has no bpf_task_pt_regs and its task layout is unknown ({why}): \
+                 sampled stack growth only counts samples taken in user mode, and the \
+                 tracepoint fault backend counts every sleep of a thread that was in a fault \
+                 as inside it"
+            );
+        }
+        let mut object = Object { ebpf, compat };
+        object.compat.write_layout(&mut object.ebpf)?;
+        Ok(object)
     }
 
-    /// Program `name`, as type `T`, loaded into the kernel.
+    /// The program variants this kernel needs.
+    pub fn compat(&self) -> &Compat {
+        &self.compat
+    }
+
+    /// Program `name`, as type `T`, loaded into the kernel: its variant
+    /// where this kernel lacks a helper it calls (`Compat`).
     pub fn program<T>(&mut self, name: &str) -> anyhow::Result<&mut T>
     where
         T: Loadable,
         for<'a> &'a mut T: TryFrom<&'a mut Program, Error = aya::programs::ProgramError>,
     {
+        let name = self.compat.fallback(name).map_or(name, |f| f.fallback);
         let prog: &mut T = self
             .ebpf
             .program_mut(name)

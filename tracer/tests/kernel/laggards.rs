@@ -70,7 +70,7 @@ fn spin(go: &GoToolchain, spinners: u32, preempt: bool) -> Vec<Value> {
 /// runs that loop, a leaf without a frame of its own, skips its caller:
 /// the frame pointer still points at `main.spinner`'s frame, whose return
 /// address is the next one read.
-fn names_spinner(p: &Value) -> bool {
+pub(crate) fn names_spinner(p: &Value) -> bool {
     p["laggards"].get(0).is_some_and(|l| {
         let f = functions(&l["frames"]);
         f.contains(&"main.spinner") || f.contains(&"main.spinLoop")

@@ -12,6 +12,8 @@ mod backend_agreement;
 mod binary_analysis;
 mod bpf_stats;
 mod callers;
+mod check;
+mod compat;
 mod faults;
 mod formats;
 mod goroutine_residency;

@@ -18,31 +18,61 @@ use crate::cmd::{cache_dir, exec, output, step};
 pub struct KernelSpec {
     /// What `--kernel` takes, e.g. "debian-6.1".
     pub name: &'static str,
-    /// The package tested so far; used while the archive still serves it.
+    /// The package tested so far (the kernel image; with the modules too
+    /// unless `split`); used while the archive still serves it.
     pub package: &'static str,
     /// Package names of the same series start with this and end with
-    /// [`PACKAGE_SUFFIX`]: the newest of them replaces `package` once the
-    /// archive drops it (a point release or security update renames it).
+    /// `suffix`: the newest of them replaces `package` once the archive
+    /// drops it (a point release or security update renames it).
     pub series_prefix: &'static str,
+    pub suffix: &'static str,
+    /// Newer Debian kernels ship the image in `linux-binary-*` and the
+    /// modules in `linux-modules-*` of the same name: both are unpacked.
+    pub split: bool,
 }
 
 /// Debian's cloud flavour: small, KVM/virtio drivers as modules, kprobes, BTF.
 const PACKAGE_SUFFIX: &str = "-cloud-amd64-unsigned";
 
-/// The kernels of the matrix. Both come from Debian 12's own archive: its 6.1
-/// LTS (the distro default) and the 6.12 LTS it ships as an update.
+/// The kernels of the matrix: Debian 11's 5.10 LTS (the oldest gostw
+/// supports; its own suite, see `cargo xtask setup`), Debian 12's 6.1 LTS
+/// (the distro default) and the 6.12 LTS it ships as an update, and the
+/// newest kernel Debian builds for amd64 (Debian 13's backports).
 pub const KERNELS: &[KernelSpec] = &[
+    KernelSpec {
+        name: "debian-5.10",
+        package: "linux-image-5.10.0-32-cloud-amd64-unsigned",
+        series_prefix: "linux-image-5.10.0-",
+        suffix: PACKAGE_SUFFIX,
+        split: false,
+    },
     KernelSpec {
         name: "debian-6.1",
         package: "linux-image-6.1.0-50-cloud-amd64-unsigned",
         series_prefix: "linux-image-6.1.0-",
+        suffix: PACKAGE_SUFFIX,
+        split: false,
     },
     KernelSpec {
         name: "debian-6.12",
         package: "linux-image-6.12.115+deb12-cloud-amd64-unsigned",
         series_prefix: "linux-image-6.12.",
+        suffix: PACKAGE_SUFFIX,
+        split: false,
+    },
+    KernelSpec {
+        name: "debian-7.3",
+        package: "linux-binary-7.3.4+deb13-cloud-amd64",
+        series_prefix: "linux-binary-7.",
+        suffix: "-cloud-amd64",
+        split: true,
     },
 ];
+
+/// `linux-binary-X` -> `linux-modules-X`.
+fn modules_package(binary: &str) -> String {
+    binary.replacen("linux-binary-", "linux-modules-", 1)
+}
 
 /// The kernel `name` names, or an error listing the known names.
 pub fn spec(name: &str) -> anyhow::Result<KernelSpec> {
@@ -88,20 +118,40 @@ pub fn fetch(spec: KernelSpec) -> anyhow::Result<Kernel> {
     let download = root.join(format!("download-{}", std::process::id()));
     let _ = fs::remove_dir_all(&download);
     fs::create_dir_all(&download)?;
+    let mut packages = vec![package.clone()];
+    if spec.split {
+        packages.push(modules_package(&package));
+    }
     exec(
         Command::new("apt-get")
-            .args(["download", "-q", &package])
+            .args(["download", "-q"])
+            .args(&packages)
             .current_dir(&download),
     )
-    .with_context(|| format!("downloading {package} (Debian's archive must be reachable)"))?;
-    let deb = fs::read_dir(&download)?
+    .with_context(|| {
+        format!(
+            "downloading {} (Debian's archive must be reachable)",
+            packages.join(" ")
+        )
+    })?;
+    let debs: Vec<PathBuf> = fs::read_dir(&download)?
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|e| e == "deb"))
-        .with_context(|| format!("apt-get download left no .deb in {}", download.display()))?;
+        .filter(|p| p.extension().is_some_and(|e| e == "deb"))
+        .collect();
+    if debs.len() != packages.len() {
+        bail!(
+            "apt-get download left {} .deb file(s) in {} for {} package(s)",
+            debs.len(),
+            download.display(),
+            packages.len()
+        );
+    }
     let tmp = root.join(format!("{package}.partial-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp);
-    exec(Command::new("dpkg").arg("-x").arg(&deb).arg(&tmp))?;
+    for deb in &debs {
+        exec(Command::new("dpkg").arg("-x").arg(deb).arg(&tmp))?;
+    }
     let release = release_of(&tmp)?;
     // The package ships no modules.dep (its postinst runs depmod): make one.
     exec(Command::new("depmod").arg("-b").arg(&tmp).arg(&release))
@@ -156,8 +206,11 @@ fn release_of(dir: &Path) -> anyhow::Result<String> {
 /// same series that it does serve.
 fn available_package(spec: KernelSpec) -> anyhow::Result<String> {
     if candidate(spec.package)?.is_none() {
-        // The package lists may be missing or stale (a fresh machine).
-        exec(Command::new("apt-get").args(["update", "-q"]))?;
+        // The suite may not be configured yet, or the package lists are
+        // missing or stale (a fresh machine).
+        if !crate::setup::kernel_suites()? {
+            exec(Command::new("apt-get").args(["update", "-q"]))?;
+        }
     }
     if candidate(spec.package)?.is_some() {
         return Ok(spec.package.to_owned());
@@ -166,7 +219,7 @@ fn available_package(spec: KernelSpec) -> anyhow::Result<String> {
     let mut best: Option<(String, String)> = None;
     for name in names
         .lines()
-        .filter(|n| n.ends_with(PACKAGE_SUFFIX) && !n.contains("-dbg"))
+        .filter(|n| n.ends_with(spec.suffix) && !n.contains("-dbg"))
     {
         let Some(version) = candidate(name)? else {
             continue;
@@ -184,9 +237,9 @@ fn available_package(spec: KernelSpec) -> anyhow::Result<String> {
     }
     let (name, version) = best.with_context(|| {
         format!(
-            "kernel {}: neither {} nor any {}*{PACKAGE_SUFFIX} is available from apt \
+            "kernel {}: neither {} nor any {}*{} is available from apt \
              (check /etc/apt/sources.list*, then update KERNELS in xtask/src/vm/kernel.rs)",
-            spec.name, spec.package, spec.series_prefix
+            spec.name, spec.package, spec.series_prefix, spec.suffix
         )
     })?;
     eprintln!(

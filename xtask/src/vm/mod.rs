@@ -35,7 +35,10 @@ use crate::{
 /// backend end to end (page-out scenario) and the tracepoint backend's
 /// control run (attach and verifier on the distro kernel). The memory
 /// exposure tests run there too, for cgroup v2's memory controller, except
-/// the cgo one (the guest has no C library).
+/// the cgo one (the guest has no C library). The sampled stack growth test
+/// and `compat::` run the programs that older kernels (5.10) load as
+/// variants (`tracer_common::compat`): the sampler's registers and the M
+/// list walk (laggards named); `check::` compares `gostw check` with them.
 pub const VM_TESTS: &[&str] = &[
     "stw_probe::",
     "vm_env::",
@@ -43,6 +46,9 @@ pub const VM_TESTS: &[&str] = &[
     "faults::tracepoint_backend_with_explain",
     "faults::without_pageout_",
     "backend_agreement::",
+    "stack_growth::sampled_and_exact_agree_on_the_top_site",
+    "compat::",
+    "check::",
     "memory::pageout_",
     "memory::without_pageout_",
     "memory::heap_only_",
@@ -62,7 +68,8 @@ fn vm_go() -> go::Toolchain {
 
 #[derive(clap::Args)]
 pub struct Options {
-    /// Kernel to boot: debian-6.1 (Debian 12's 6.1 LTS) or debian-6.12.
+    /// Kernel to boot: debian-6.1 (Debian 12's 6.1 LTS, default), debian-5.10
+    /// (Debian 11), debian-6.12, debian-7.3 (the newest Debian builds).
     #[arg(long, default_value = "debian-6.1")]
     pub kernel: String,
     /// Kill the VM after this many minutes.

@@ -1,0 +1,104 @@
+//! `gostw check` against what tracing really does on this kernel: the
+//! features it says work load exactly the programs it names when
+//! `gostw run` traces a workload, with the fault backend it names.
+
+use std::{
+    collections::HashSet,
+    process::{Command, Stdio},
+};
+
+use serde_json::Value;
+
+use crate::support::{build_workload, json_records, newest_go, require_root};
+
+const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
+
+#[test]
+fn check_answers_match_what_tracing_loads() {
+    require_root();
+    let out = Command::new(GOSTW)
+        .args(["check", "--json"])
+        .output()
+        .expect("running gostw check");
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    eprintln!("{report:#}");
+    assert_eq!(
+        out.status.code(),
+        report["exit_code"].as_i64().map(|c| c as i32),
+        "exit status and report disagree"
+    );
+    let feature = |name: &str| -> &Value {
+        report["features"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == name)
+            .unwrap_or_else(|| panic!("no feature {name}: {report}"))
+    };
+    assert_eq!(feature("pauses")["status"], "works");
+
+    let go = newest_go();
+    let path = build_workload("stw", &go, "", &[]);
+    let run = Command::new(GOSTW)
+        .args(["run", "--json", "--stacks", "sampled", "--"])
+        .arg(&path)
+        .args(["-duration", "1s", "-interval", "50ms", "-gc", "1"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("running gostw run");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "gostw run failed: {stderr}");
+    let summary = json_records(&String::from_utf8_lossy(&run.stdout), "summary")
+        .pop()
+        .expect("a summary record");
+    let loaded: HashSet<&str> = summary["health"]["programs"]
+        .as_array()
+        .expect("health.programs (BPF statistics on)")
+        .iter()
+        .filter_map(|p| p["program"].as_str())
+        .collect();
+    eprintln!("loaded by gostw run: {loaded:?}");
+    // The combined sched_switch program stands for both parts it runs.
+    let stands_for = |p: &str| {
+        loaded.contains(p)
+            || (loaded.contains("switch_both")
+                && ["fault_tp_switch", "explain_switch"].contains(&p))
+    };
+    for name in [
+        "pauses",
+        "stopping phase",
+        "explanation",
+        "stack growth (sampled)",
+        "faults",
+    ] {
+        let f = feature(name);
+        let programs: Vec<&str> = f["programs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p.as_str())
+            .collect();
+        if f["status"] == "unavailable" {
+            assert!(programs.iter().all(|p| !loaded.contains(p)), "{name}: {f}");
+        } else {
+            assert!(!programs.is_empty(), "{name} works with no program: {f}");
+            for p in &programs {
+                assert!(
+                    stands_for(p),
+                    "{name}: check names {p}, gostw run did not load it"
+                );
+            }
+        }
+    }
+    let backend = report["fault_backend"]["backend"].as_str().unwrap();
+    if feature("faults")["status"] == "unavailable" {
+        assert!(stderr.contains("major faults not traced"), "{stderr}");
+    } else {
+        let said = format!("gostw: fault backend {backend}:");
+        assert!(
+            stderr.contains(&said),
+            "check says {backend}; gostw run: {stderr}"
+        );
+    }
+}
