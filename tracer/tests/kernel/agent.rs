@@ -57,6 +57,19 @@ impl Procs {
         &self.dir
     }
 
+    /// A copy of the workload binary `bin` in the scratch directory (its
+    /// file name kept, for the labels): an agent that matches it traces this
+    /// test's processes only, never another run of the same workload that
+    /// happens to be on the host.
+    pub fn own(&self, bin: &Path) -> PathBuf {
+        let parent = bin.parent().and_then(Path::file_name).unwrap_or_default();
+        let dir = self.dir.join("bin").join(parent);
+        fs::create_dir_all(&dir).unwrap();
+        let copy = dir.join(bin.file_name().unwrap());
+        fs::copy(bin, &copy).unwrap();
+        copy.canonicalize().unwrap()
+    }
+
     /// Kill one process and wait for it.
     fn kill(&mut self, pid: u32) {
         let i = self
@@ -258,16 +271,12 @@ fn agent_exports_go_processes_to_prometheus() {
         build_workload("stw", &older, "", &[]),
     ];
     let mut procs = Procs::new("agent");
+    let bins = bins.map(|b| procs.own(&b));
     let fake = fake_go_binary(&procs.dir);
     let agent_port = free_port();
-    // Only this test's programs: other checkouts' tests on the same host
-    // must not pay for uprobes.
-    let workloads = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/go-workloads");
-    let matching = format!(
-        "^({}|{})/",
-        regex::escape(&workloads.canonicalize().unwrap().display().to_string()),
-        regex::escape(&procs.dir.display().to_string())
-    );
+    // Only this test's programs: other processes on the host (other
+    // checkouts' tests, the same workloads run by hand) are not traced.
+    let matching = format!("^{}/", regex::escape(&procs.dir.display().to_string()));
     // Exposure read every second: the memory check compares it with VmRSS.
     let agent_log = start_agent(
         &mut procs,
@@ -440,6 +449,7 @@ fn agent_exports_major_faults_in_pauses() {
     let cgroup = MemCgroup::create("gostw-agent-faults");
     let bin = build_workload("gcswap", &newest_go(), "", &[]);
     let mut procs = Procs::new("agent-faults");
+    let bin = procs.own(&bin);
     let port = free_port();
     let matching = format!(
         "^{}$",
@@ -558,6 +568,7 @@ fn exec_notifications_trace_new_processes_before_the_next_poll() {
     require_root();
     let bin = build_workload("stw", &newest_go(), "", &[]);
     let mut procs = Procs::new("agent-exec");
+    let bin = procs.own(&bin);
     let port = free_port();
     let matching = format!(
         "^{}$",
@@ -793,6 +804,7 @@ fn agent_and_attach_see_the_same_pauses_and_faults() {
     let cgroup = MemCgroup::create("gostw-agent-attach");
     let bin = build_workload("gcswap", &newest_go(), "", &[]);
     let mut procs = Procs::new("agent-attach");
+    let bin = procs.own(&bin);
     let port = free_port();
     let matching = format!(
         "^{}$",
@@ -959,6 +971,7 @@ fn a_quiet_agent_runs_nothing_on_fault_or_scheduler_paths() {
     let hooks = ["fault_", "stack_sample"];
     let bin = build_workload("stw", &newest_go(), "", &[]);
     let mut procs = Procs::new("agent-idle");
+    let bin = procs.own(&bin);
     let port = free_port();
     let matching = format!(
         "^{}$",

@@ -365,6 +365,7 @@ fn agent_serves_fault_and_stack_growth_profiles() {
     let gcswap = build_workload("gcswap", &go, "", &[]);
     let growth = build_workload("stackgrowth", &go, "", &[]);
     let mut procs = Procs::new("outputs-agent");
+    let (gcswap, growth) = (procs.own(&gcswap), procs.own(&growth));
     let port = free_port();
     let path = |b: &PathBuf| regex::escape(&b.canonicalize().unwrap().display().to_string());
     let matching = format!("^({}|{})$", path(&gcswap), path(&growth));
