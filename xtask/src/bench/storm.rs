@@ -81,7 +81,7 @@ pub fn run(processes: u32, rounds: u32, version: &str) -> anyhow::Result<()> {
         "attach: {processes} gcswap paged out {rounds} times beside a pause storm; gostw traces one"
     ));
     let mut procs = start_all(&gcswap, &cgroup, processes)?;
-    let _pauses = pause_storm(&stw)?;
+    let pauses = pause_storm(&stw)?;
     let mut attach = Reaped(
         Command::new(&gostw)
             .args(["attach", "--json", "--pid", &procs[0].pid.to_string()])
@@ -122,7 +122,7 @@ pub fn run(processes: u32, rounds: u32, version: &str) -> anyhow::Result<()> {
         p["pauses_lost"],
         summary["lost"]["total"],
     );
-    drop(procs);
+    drop((procs, pauses));
 
     step(&format!(
         "agent: {processes} gcswap paged out {rounds} times beside a pause storm; the agent traces them all"
