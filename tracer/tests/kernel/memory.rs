@@ -243,22 +243,40 @@ fn run(go: &GoToolchain, variant: &str, page_out: PageOut) -> Run {
         }
     }
     let after = HostSwap::snapshot().unwrap();
-    let line = workload.ask("metrics", "METRICS ");
-    let metrics: Value = serde_json::from_str(line.strip_prefix("METRICS ").unwrap()).unwrap();
-    freeze(pid);
-    let out = gostw_memory(pid, true);
-    let smaps_swap_in_arenas = arenas.as_deref().map(|a| smaps_swap(pid, Some(a)));
-    let smaps_swap = smaps_swap(pid, None);
-    let layout_only = Exposure::read_with(
-        pid,
-        &Executable::of_process(pid).unwrap(),
-        &ReadOptions {
-            runtime_index: false,
-        },
-    )
-    .unwrap();
-    let text = gostw_memory(pid, false);
-    signal(pid, libc::SIGCONT);
+    // The program's own figures and gostw's read of the frozen program are
+    // one snapshot only if the program did not change between its report
+    // and the freeze: its heap figures must read the same again after the
+    // thaw, else the snapshot is taken again (a busy host can delay the
+    // freeze while a background allocation maps heap).
+    let mut attempts = 0;
+    let (metrics, out, smaps_swap_in_arenas, smaps_swap, layout_only, text) = loop {
+        let metrics = ask_metrics(&mut workload);
+        freeze(pid);
+        let out = gostw_memory(pid, true);
+        let smaps_swap_in_arenas = arenas.as_deref().map(|a| smaps_swap(pid, Some(a)));
+        let smaps_swap = smaps_swap(pid, None);
+        let layout_only = Exposure::read_with(
+            pid,
+            &Executable::of_process(pid).unwrap(),
+            &ReadOptions {
+                runtime_index: false,
+            },
+        )
+        .unwrap();
+        let text = gostw_memory(pid, false);
+        signal(pid, libc::SIGCONT);
+        attempts += 1;
+        if heap_figures(&metrics) == heap_figures(&ask_metrics(&mut workload)) || attempts == 5 {
+            break (
+                metrics,
+                out,
+                smaps_swap_in_arenas,
+                smaps_swap,
+                layout_only,
+                text,
+            );
+        }
+    };
     assert!(
         out.status.success(),
         "gostw memory failed: {}",
@@ -286,6 +304,21 @@ fn run(go: &GoToolchain, variant: &str, page_out: PageOut) -> Run {
             (d.pswpout + d.swpout_zero) * page_size()
         },
     }
+}
+
+/// The workload's runtime/metrics report ("metrics").
+fn ask_metrics(workload: &mut GcSwap) -> Value {
+    let line = workload.ask("metrics", "METRICS ");
+    serde_json::from_str(line.strip_prefix("METRICS ").unwrap()).unwrap()
+}
+
+/// The heap a snapshot compares: the sum of `heap/*`, the arenas the
+/// runtime has mapped (objects moving between its parts do not change it).
+fn heap_figures(m: &Value) -> u64 {
+    ["objects", "unused", "free", "released", "stacks"]
+        .iter()
+        .map(|h| metric(m, &format!("heap/{h}")))
+        .sum()
 }
 
 /// The classes agree with the workload's own runtime/metrics (module doc).
