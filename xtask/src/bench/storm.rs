@@ -91,8 +91,7 @@ pub fn run(processes: u32, rounds: u32, version: &str) -> anyhow::Result<()> {
     );
     std::thread::sleep(Duration::from_secs(2));
     let seen = storm(&mut procs, &cgroup, rounds)?;
-    // SAFETY: kill(2) of our own child.
-    unsafe { libc::kill(attach.0.id() as libc::pid_t, libc::SIGINT) };
+    signal(attach.0.id(), libc::SIGINT);
     let mut out = String::new();
     attach
         .0
@@ -143,13 +142,21 @@ pub fn run(processes: u32, rounds: u32, version: &str) -> anyhow::Result<()> {
             .spawn()?,
     );
     let mut procs = start_all(&gcswap, &cgroup, processes)?;
-    let _pauses = pause_storm(&stw)?;
+    let pauses = pause_storm(&stw)?;
     std::thread::sleep(Duration::from_secs(3));
-    let before = metrics()?;
+    // The agent reads the kernel's stop counts once a second: each reading
+    // is taken with the pause storm held (SIGSTOP) long enough for both
+    // series to settle.
+    let settled = || -> anyhow::Result<String> {
+        signal(pauses.0.id(), libc::SIGSTOP);
+        std::thread::sleep(Duration::from_secs(3));
+        let m = metrics();
+        signal(pauses.0.id(), libc::SIGCONT);
+        m
+    };
+    let before = settled()?;
     let seen = storm(&mut procs, &cgroup, rounds)?;
-    // The agent reads the kernel's counts once a second.
-    std::thread::sleep(Duration::from_secs(3));
-    let after = metrics()?;
+    let after = settled()?;
     let delta = |name: &str, filter: &str| sum(&after, name, filter) - sum(&before, name, filter);
     let gcswap_exe = "executable=\"gcswap\"";
     println!(
@@ -170,6 +177,11 @@ pub fn run(processes: u32, rounds: u32, version: &str) -> anyhow::Result<()> {
         delta("gostw_agent_events_lost_total", ""),
     );
     Ok(())
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(pid as libc::pid_t, sig) };
 }
 
 fn start_all(path: &Path, cgroup: &MemCgroup, n: u32) -> anyhow::Result<Vec<GcSwap>> {
