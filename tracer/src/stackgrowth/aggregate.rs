@@ -22,6 +22,9 @@ use super::{
 };
 use crate::image::Frame;
 
+/// Samples that caught a stack copy below which sampled mode calls growth
+/// negligible, whatever share they make: fewer are within sampling noise.
+pub const MIN_COPY_SAMPLES: u64 = 5;
 /// Sampled goroutine stacks kept for the report (the first ones win).
 const MAX_SAMPLES: usize = 4096;
 /// Call sites listed in a summary.
@@ -235,7 +238,12 @@ impl StackGrowthAggregator {
                 growths_per_sec.unwrap_or(0.0) < NEGLIGIBLE_GROWTHS_PER_SEC
                     && copied_per_sec.unwrap_or(0.0) < NEGLIGIBLE_COPIED_BYTES_PER_SEC
             }
-            Mode::Sampled => cpu_share.unwrap_or(0.0) < NEGLIGIBLE_CPU_SHARE,
+            // A share of a few samples is noise: one copy among 21 samples
+            // of a process that barely ran is "4.8%".
+            Mode::Sampled => {
+                cpu_share.unwrap_or(0.0) < NEGLIGIBLE_CPU_SHARE
+                    || self.copy_samples < MIN_COPY_SAMPLES
+            }
         };
         let seen = self.goids.len() as u64;
         let old_size_unknown = old_sizes.get(&UNKNOWN_SIZE).copied().unwrap_or(0);
@@ -544,6 +552,20 @@ mod tests {
             .map(|f| f.function.as_str())
             .collect();
         assert_eq!(names, ["main.deep19k", "main.task", "main.other"]);
+    }
+
+    #[test]
+    fn a_share_of_a_few_samples_is_negligible() {
+        let mut a = StackGrowthAggregator::new(Mode::Sampled);
+        a.set_sites([(
+            key(StackSource::Sampled, StackChange::Copying, 2048, 0, 0x3010),
+            counts(1, 0),
+        )]);
+        a.set_cpu_samples(21, 1, 99);
+        a.set_observed(Duration::from_secs(5), Duration::from_secs(5));
+        assert!(a.summary(&NoSymbols, None).recommendation.negligible);
+        a.set_cpu_samples(210, MIN_COPY_SAMPLES, 99);
+        assert!(!a.summary(&NoSymbols, None).recommendation.negligible);
     }
 
     #[test]

@@ -184,7 +184,8 @@ fn stack_evidence(s: &StackGrowthSummary) -> StackGrowthEvidence {
     StackGrowthEvidence {
         growths_per_sec: s.growths_per_sec,
         copied_bytes_per_sec: s.copied_bytes_per_sec,
-        cpu_share: s.cpu_share,
+        // A negligible share (too few samples, or under 1%) is no evidence.
+        cpu_share: s.cpu_share.filter(|_| !r.negligible),
         current_starting_stack_bytes: r.current_starting_stack_bytes,
         recommended_starting_stack_bytes: r.starting_stack_bytes.filter(|_| !r.negligible),
         avoided_fraction: r.avoided_fraction,
