@@ -43,11 +43,17 @@ pub enum Counter {
     /// A pause's detail (its explanation) did not fit in the pause ring
     /// buffer: the pause is reported without it.
     RingbufFullDetail = 13,
+    /// Calls of the kprobe backend's fault functions (`do_swap_page`,
+    /// `filemap_fault`) by traced processes whose return was not seen:
+    /// faults in progress when read (a few), or returns the kernel could not
+    /// probe (its return-probe instances ran out). Entries add one, returns
+    /// take one away, on whatever CPU: the sum over CPUs is what counts.
+    FaultReturnsPending = 14,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 14] = [
+    pub const ALL: [Counter; 15] = [
         Counter::RingbufFull,
         Counter::ReadUserFailed,
         Counter::MapFull,
@@ -62,6 +68,7 @@ impl Counter {
         Counter::LaggardStackFailed,
         Counter::FaultShed,
         Counter::RingbufFullDetail,
+        Counter::FaultReturnsPending,
     ];
     /// Number of slots in the `COUNTERS` array.
     pub const LEN: u32 = Self::ALL.len() as u32;
@@ -83,14 +90,16 @@ impl Counter {
             Counter::LaggardStackFailed => "laggard_stack_failed",
             Counter::FaultShed => "fault_shed",
             Counter::RingbufFullDetail => "ringbuf_full_detail",
+            Counter::FaultReturnsPending => "fault_returns_pending",
         }
     }
 
     /// Whether the events it counts are missing from the report. Shed
     /// faults are not: the kernel counted them (`FAULT_COUNTS`), only their
-    /// stacks were not sent.
+    /// stacks were not sent. Pending returns are a gauge that includes the
+    /// faults in progress, a sign of loss only when it grows.
     pub const fn is_loss(self) -> bool {
-        !matches!(self, Counter::FaultShed)
+        !matches!(self, Counter::FaultShed | Counter::FaultReturnsPending)
     }
 
     /// The counter this one is a part of, if it only splits another one

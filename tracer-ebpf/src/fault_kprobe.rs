@@ -5,7 +5,10 @@
 //! VM_FAULT_RETRY: the kernel counts every retried fault as major
 //! (`mm_account_fault`, FAULT_FLAG_TRIED), and the retry often never comes
 //! back here (another thread mapped the page meanwhile), so such a fault is
-//! sent at its first RETRY and its retry, if seen, is folded into it. Waits
+//! sent at its first RETRY and its retry, if seen, is folded into it. A
+//! RETRY while a signal is pending is the exception: the kernel abandons the
+//! fault for the signal handler without counting it (the program faults
+//! again afterwards, a new fault), so such an attempt is dropped. Waits
 //! are the time spent in the page-lock slow path, own when this thread issued
 //! the swap read itself.
 //!
@@ -15,18 +18,21 @@
 //! attaches whichever exists.
 
 use aya_ebpf::{
-    helpers::bpf_probe_read_kernel,
+    helpers::{bpf_get_current_task, bpf_probe_read_kernel},
     macros::{kprobe, kretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
-use tracer_common::fault::{Backend, FaultEvent};
+use tracer_common::{
+    counters::Counter,
+    fault::{Backend, FaultEvent},
+};
 
 use crate::{
     fault::{
         FAULT_STATE, STATE_EMITTED, STATE_MAJOR_SEEN, begin, close_blocked, current_ids, emit, now,
         state_mut,
     },
-    maps::traced,
+    maps::{count, traced, uncount},
 };
 
 /// `VM_FAULT_MAJOR` and `VM_FAULT_RETRY` (include/linux/mm_types.h, stable).
@@ -36,12 +42,29 @@ const VM_FAULT_RETRY: u32 = 0x0400;
 /// unchanged since 5.x).
 const VM_FAULT_ADDRESS: usize = 24;
 
+/// `TIF_SIGPENDING` in x86's `thread_info.flags`, which is the first field
+/// of `task_struct` (`CONFIG_THREAD_INFO_IN_TASK`, every x86_64 kernel since
+/// 4.9).
+const TIF_SIGPENDING: u64 = 1 << 2;
+
+/// Whether the current thread has a signal pending: a fault that returns
+/// VM_FAULT_RETRY now is abandoned (`fault_signal_pending` in the arch's
+/// fault handler), not retried, and not counted.
+#[inline(always)]
+fn signal_pending() -> bool {
+    // SAFETY: no preconditions.
+    let task = unsafe { bpf_get_current_task() } as *const u64;
+    // SAFETY: a kernel pointer read through the helper, which checks it.
+    unsafe { bpf_probe_read_kernel(task) }.is_ok_and(|flags| flags & TIF_SIGPENDING != 0)
+}
+
 #[inline(always)]
 fn fault_entry(ctx: &ProbeContext, flags: u32) -> u32 {
     let (tgid, tid) = current_ids();
     if traced(tgid).is_none() {
         return 0;
     }
+    count(Counter::FaultReturnsPending);
     let vmf: *const u8 = ctx.arg(0).unwrap_or(core::ptr::null());
     let address = if vmf.is_null() {
         0
@@ -70,12 +93,21 @@ fn fault_return(ctx: &RetProbeContext) -> u32 {
     }
     let ret: u32 = ctx.ret();
     let Some(state) = state_mut(tid) else {
+        // A call that began before the entry probes were attached (user
+        // space attaches the returns first), so not counted as pending.
         return 0;
     };
+    uncount(Counter::FaultReturnsPending);
     if ret & VM_FAULT_MAJOR != 0 {
         state.flags |= STATE_MAJOR_SEEN;
     }
     let retry = ret & VM_FAULT_RETRY != 0;
+    if retry && state.flags & STATE_EMITTED == 0 && signal_pending() {
+        // Abandoned for a signal: the kernel does not count it, and the
+        // fault taken again after the handler is a new one.
+        let _ = FAULT_STATE.remove(tid);
+        return 0;
+    }
     if (retry || state.flags & STATE_MAJOR_SEEN != 0) && state.flags & STATE_EMITTED == 0 {
         close_blocked(state, now());
         if retry {

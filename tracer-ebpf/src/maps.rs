@@ -90,7 +90,17 @@ pub fn traced_sample(tgid: u32) -> Option<&'static TracedProcess> {
 pub fn count(counter: Counter) {
     if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
         // SAFETY: per-CPU slot, and BPF programs do not migrate mid-run.
-        unsafe { *slot += 1 };
+        unsafe { *slot = (*slot).wrapping_add(1) };
+    }
+}
+
+/// Take one from `counter` on this CPU (wrapping: the sum over CPUs is
+/// what counts; see `Counter::FaultReturnsPending`).
+#[inline(always)]
+pub fn uncount(counter: Counter) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: as in `count`.
+        unsafe { *slot = (*slot).wrapping_sub(1) };
     }
 }
 

@@ -267,7 +267,8 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
     };
     // Everything is untraced and written: let the kernel detach the probes
     // after gostw has gone.
-    tracer::kernel::teardown::detach_after_exit(engine);
+    let after = engine.core().after_exit();
+    tracer::kernel::teardown::detach_after_exit(engine, after);
     Ok(code)
 }
 

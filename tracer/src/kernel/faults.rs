@@ -3,7 +3,7 @@
 //! hooks are host-wide (system-wide tracepoints, per-CPU perf events,
 //! kprobes), so the core attaches them only while some process is traced.
 
-use std::path::Path;
+use std::{os::fd::AsFd as _, path::Path};
 
 use anyhow::{Context as _, bail};
 use aya::{
@@ -22,6 +22,7 @@ use tracer_common::{explain::SWITCH_BOTH, fault::programs};
 use super::{
     capabilities::{BackendChoice, Capabilities, FaultBackend},
     object::Object,
+    retprobe::{AfterExit, RetProbes},
 };
 
 /// Where tracefs is mounted by `ensure_tracefs` when nothing is.
@@ -84,8 +85,20 @@ pub fn unmount_tracefs() {
 pub struct FaultHooks {
     pub choice: BackendChoice,
     kprobes: Vec<(&'static str, KProbeLinkId)>,
+    /// The kprobe backend's return probes, made in tracefs with room for
+    /// every thread in a fault at once (`retprobe`).
+    retprobes: Option<RetProbes>,
     tracepoints: Vec<(&'static str, TracePointLinkId)>,
     perf: Vec<PerfEventLinkId>,
+}
+
+/// Say that a return probe falls back to aya's (the kprobe PMU's) default
+/// `maxactive`.
+fn warn_default_room(e: &anyhow::Error) {
+    log::warn!(
+        "a return probe keeps the kernel's default room ({e:#}): under a fault storm some \
+         faults may go unseen (`fault_returns_pending` in the summary)"
+    );
 }
 
 /// Load every kprobe-backend program (verifier check), without attaching.
@@ -128,6 +141,7 @@ impl FaultHooks {
         let mut hooks = FaultHooks {
             choice,
             kprobes: Vec::new(),
+            retprobes: None,
             tracepoints: Vec::new(),
             perf: Vec::new(),
         };
@@ -153,7 +167,21 @@ impl FaultHooks {
         functions: &[(&'static str, &'static str)],
     ) -> anyhow::Result<()> {
         load_kprobe_programs(object)?;
+        let mut retprobes = ensure_tracefs().and_then(RetProbes::new);
+        if let Err(e) = &retprobes {
+            warn_default_room(e);
+        }
         for &(name, function) in functions {
+            let is_return = programs::KPROBES
+                .iter()
+                .any(|&(n, _, ret)| n == name && ret);
+            if is_return && let Ok(r) = &mut retprobes {
+                let fd = object.program::<KProbe>(name)?.fd()?;
+                match r.attach(name, function, fd.as_fd()) {
+                    Ok(()) => continue,
+                    Err(e) => warn_default_room(&e),
+                }
+            }
             let link = object.program::<KProbe>(name)?.attach(function, 0).with_context(|| {
                 format!(
                     "attaching kprobe {name} to {function} failed; this kernel may lack kprobes \
@@ -162,7 +190,13 @@ impl FaultHooks {
             })?;
             self.kprobes.push((name, link));
         }
+        self.retprobes = retprobes.ok();
         Ok(())
+    }
+
+    /// What `teardown`'s child must remove from tracefs after gostw exits.
+    pub fn after_exit(&mut self) -> Option<AfterExit> {
+        self.retprobes.as_mut().and_then(RetProbes::after_exit)
     }
 
     fn attach_tracepoints(
@@ -223,6 +257,8 @@ impl FaultHooks {
     /// Detach every hook (errors are logged: the kernel drops what is left
     /// when gostw exits).
     pub fn detach(mut self, object: &mut Object) {
+        // Closing their perf events detaches them; then tracefs forgets them.
+        self.retprobes = None;
         for (name, link) in self.kprobes.drain(..) {
             if let Err(e) = object
                 .program::<KProbe>(name)

@@ -20,6 +20,7 @@ pub mod explain;
 pub mod faults;
 pub mod object;
 mod pause_points;
+pub mod retprobe;
 pub mod stacks;
 pub mod teardown;
 
@@ -185,6 +186,15 @@ impl Core {
     /// traced set filters them; `teardown::detach_after_exit` removes them).
     pub fn leave(&mut self) {
         self.leaving = true;
+    }
+
+    /// What must be undone in tracefs after gostw has exited (see
+    /// `teardown::detach_after_exit`); the fault hooks stop owning it.
+    pub fn after_exit(&mut self) -> Option<retprobe::AfterExit> {
+        match &mut self.faults {
+            FaultState::Attached(h) => h.after_exit(),
+            _ => None,
+        }
     }
 
     /// Drive the exact stack-growth mode's duty cycle; a few times a second.

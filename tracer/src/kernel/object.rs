@@ -257,7 +257,10 @@ impl Object {
         let array: PerCpuArray<_, u64> = PerCpuArray::try_from(self.map(map_names::COUNTERS)?)?;
         Counter::ALL
             .iter()
-            .map(|&c| Ok((c, array.get(&(c as u32), 0)?.iter().sum())))
+            .map(|&c| {
+                let per_cpu = array.get(&(c as u32), 0)?;
+                Ok((c, per_cpu.iter().fold(0u64, |a, &n| a.wrapping_add(n))))
+            })
             .collect()
     }
 

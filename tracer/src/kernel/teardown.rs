@@ -5,17 +5,33 @@
 //! descriptors until gostw has exited, then exits itself: the kernel tears
 //! the probes down in that child, and nobody waits for it. The traced set is
 //! emptied before, so the probes left for that moment filter everything out.
+//! Probe events gostw made in tracefs (`retprobe`) outlive every descriptor:
+//! the child removes them (`AfterExit`) once it has closed its copies.
 
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd as _, RawFd};
+
+use super::retprobe::{AfterExit, remove_events};
 
 /// Keep `holder` (what owns the kernel objects) alive in a background child
-/// until this process exits; this process then forgets it. Falls back to
-/// dropping it here if the child cannot be made.
-pub fn detach_after_exit<T>(holder: T) {
+/// until this process exits; this process then forgets it. The child then
+/// closes them and writes `after`'s removals. Falls back to dropping both
+/// here if the child cannot be made.
+pub fn detach_after_exit<T>(holder: T, after: Option<AfterExit>) {
+    // Every descriptor the child will have, listed now: it may not
+    // allocate after the fork.
+    let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
     let mut fds: [RawFd; 2] = [0; 2];
     // SAFETY: valid array of two fds.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         drop(holder);
+        if let Some(a) = after {
+            a.remove_now();
+        }
         return;
     }
     let (read_end, write_end) = (fds[0], fds[1]);
@@ -44,6 +60,15 @@ pub fn detach_after_exit<T>(holder: T) {
                 libc::close(write_end);
                 let mut b = 0u8;
                 while libc::read(read_end, (&raw mut b).cast(), 1) > 0 {}
+                if let Some(a) = &after {
+                    let keep = a.file.as_raw_fd();
+                    for &fd in &open {
+                        if fd > 2 && fd != keep && fd != read_end {
+                            libc::close(fd);
+                        }
+                    }
+                    remove_events(keep, &a.removals);
+                }
                 libc::_exit(0);
             }
         }
@@ -51,6 +76,8 @@ pub fn detach_after_exit<T>(holder: T) {
             // SAFETY: closing our copy of the read end.
             unsafe { libc::close(read_end) };
             std::mem::forget(holder);
+            // The child holds the probes and removes their events.
+            std::mem::forget(after);
         }
         _ => {
             // SAFETY: closing both ends of our own pipe.
@@ -59,6 +86,9 @@ pub fn detach_after_exit<T>(holder: T) {
                 libc::close(write_end);
             }
             drop(holder);
+            if let Some(a) = after {
+                a.remove_now();
+            }
         }
     }
 }

@@ -18,7 +18,7 @@ use tracer::{
 };
 
 use crate::{
-    faults::{ARGS, ENV, ROUNDS, majflt_agrees},
+    faults::{ARGS, ENV, ROUNDS, auto_backend, majflt_agrees},
     scenario::{GcSwap, MemCgroup, SwapFile, majflt, swap_out},
     support::{GoToolchain, build_workload, go_matrix, newest_go, require_root},
 };
@@ -507,7 +507,7 @@ fn agent_exports_major_faults_in_pauses() {
         Duration::from_secs(20),
         || {
             let body = metrics();
-            majflt_agrees(total(&body), majflt_done).then_some(body)
+            majflt_agrees(total(&body), majflt_done, auto_backend()).then_some(body)
         },
     );
     let in_pause_swap = sum_series(

@@ -67,6 +67,8 @@ struct Outcome {
     /// Faults gostw attributed to the workload.
     traced_faults: u64,
     ringbuf_full: u64,
+    /// `Counter::FaultReturnsPending` once the workload had exited.
+    returns_pending: u64,
     /// Every pause record and fault, for the output formats' check.
     pauses: Vec<PauseRecord>,
     faults: Vec<Fault>,
@@ -182,6 +184,10 @@ fn run_traced(
         .iter()
         .find(|(c, _)| *c == Counter::RingbufFull)
         .map_or(0, |(_, n)| *n);
+    let returns_pending = counters
+        .iter()
+        .find(|(c, _)| *c == Counter::FaultReturnsPending)
+        .map_or(0, |(_, n)| *n);
     let traced_faults = summary
         .processes
         .iter()
@@ -194,6 +200,7 @@ fn run_traced(
         final_majflt,
         traced_faults,
         ringbuf_full,
+        returns_pending,
         faults,
         pauses,
     }
@@ -203,19 +210,40 @@ fn run_traced(
 /// whole life (traced from its first instruction; majflt read when it had
 /// exited). The kernel also counts faults taken through get_user_pages
 /// (futex fault-in, /proc/PID/mem readers), which raise no perf event, so
-/// gostw may see fewer: allow 0.1% + 3 below, none above.
-fn assert_majflt_agrees(traced_faults: u64, final_majflt: u64, report: &GcSwapReport) {
+/// gostw may see fewer (`majflt_agrees`).
+fn assert_majflt_agrees(
+    traced_faults: u64,
+    final_majflt: u64,
+    report: &GcSwapReport,
+    backend: FaultBackend,
+) {
     assert!(
-        majflt_agrees(traced_faults, final_majflt),
+        majflt_agrees(traced_faults, final_majflt, backend),
         "gostw counted {traced_faults} major faults, /proc/PID/stat says {final_majflt}"
     );
     // The workload's own reading, before its exit, cannot be above either.
     assert!(report.majflt as u64 <= final_majflt);
 }
 
-/// The tolerance of `assert_majflt_agrees`: 0.1% + 3 below majflt, none above.
-pub fn majflt_agrees(traced_faults: u64, majflt: u64) -> bool {
-    traced_faults <= majflt && majflt - traced_faults <= majflt / 1000 + 3
+/// The tolerance of `assert_majflt_agrees`: 0.1% + 3 below majflt; none
+/// above for the tracepoint backend, which counts where the kernel does
+/// (its major-fault perf event). The kprobe backend decides at the probed
+/// function's return; a signal that arrives after it and before the arch
+/// fault handler's check makes the kernel abandon, uncounted, a fault
+/// already sent: 0.1% above (seen: 1 in 125 140, 5.10 VM).
+pub fn majflt_agrees(traced_faults: u64, majflt: u64, backend: FaultBackend) -> bool {
+    let above = match backend {
+        FaultBackend::Kprobe => majflt / 1000,
+        _ => 0,
+    };
+    traced_faults <= majflt + above && majflt.saturating_sub(traced_faults) <= majflt / 1000 + 3
+}
+
+/// The backend `--fault-source auto` takes on this kernel.
+pub fn auto_backend() -> FaultBackend {
+    capabilities::detect()
+        .choose(FaultSource::Auto)
+        .map_or(FaultBackend::None, |c| c.backend)
 }
 
 /// Runtime functions that touch GC metadata inside the sweep-termination
@@ -257,6 +285,7 @@ fn check_pageout(go: &GoToolchain) {
         ringbuf_full,
         pauses,
         faults,
+        ..
     } = run_gcswap(go, FaultSource::Tracepoint, true);
     assert_eq!(ringbuf_full, 0, "events were dropped");
     let proc = summary
@@ -311,7 +340,12 @@ fn check_pageout(go: &GoToolchain) {
     );
 
     // Fault counts agree with the kernel's own counter.
-    assert_majflt_agrees(traced_faults, final_majflt, &report);
+    assert_majflt_agrees(
+        traced_faults,
+        final_majflt,
+        &report,
+        FaultBackend::Tracepoint,
+    );
     crate::formats::check_pageout_outputs(go, report.pid, &pauses, &faults);
     let majflt = final_majflt;
 
@@ -447,27 +481,28 @@ fn kprobe_backend_pageout() {
     }
     let _swap = SwapFile::create("faults-kprobe", 1);
     let go = newest_go();
-    // Without Go's asynchronous preemption. With it, the SIGURG the runtime
-    // sends to running threads (e.g. to scan their stacks) interrupts faults
-    // that waited for I/O and returned VM_FAULT_RETRY: the kernel leaves them
-    // out of majflt, while this backend already sent them at the RETRY (their
-    // wait was real). Measured in the VM: 47474 reported vs 39751 majflt with
-    // preemption, 48255 = 48255 without.
+    // With Go's asynchronous preemption: the SIGURG the runtime sends to
+    // running threads (e.g. to scan their stacks) interrupts faults that
+    // waited for I/O and returned VM_FAULT_RETRY; the kernel leaves them out
+    // of majflt, and so must the backend (it once sent them: 47474 reported
+    // vs 39751 majflt in the 6.1 VM).
     let Outcome {
         summary,
         report,
         final_majflt,
         traced_faults,
         ringbuf_full,
+        returns_pending,
         ..
-    } = run_gcswap_env(
-        &go,
-        FaultSource::Kprobe,
-        true,
-        &[("GOMAXPROCS", "8"), ("GODEBUG", "asyncpreemptoff=1")],
-    );
+    } = run_gcswap_env(&go, FaultSource::Kprobe, true, &[("GOMAXPROCS", "8")]);
     assert_eq!(summary.backend, "kprobe");
     assert_eq!(ringbuf_full, 0, "events were dropped");
+    // Every fault call's return was seen (the workload has exited, so none
+    // is in progress): the return probes had room for every thread in a
+    // fault at once (Debian 11's default is one per CPU).
+    assert_eq!(returns_pending, 0, "fault returns went unseen");
+    // The return probes gostw made in tracefs are gone with its engine.
+    crate::support::assert_probe_events_removed(std::process::id());
     let faulting: Vec<_> = summary
         .pauses
         .iter()
@@ -483,7 +518,7 @@ fn kprobe_backend_pageout() {
         GC_FRAMES.iter().any(|f| sites.contains(f)),
         "no runtime GC frame among the pause fault sites: {sites:?}"
     );
-    assert_majflt_agrees(traced_faults, final_majflt, &report);
+    assert_majflt_agrees(traced_faults, final_majflt, &report, FaultBackend::Kprobe);
     let proc = summary
         .processes
         .iter()
@@ -554,7 +589,12 @@ fn neighbour_pressure_faults_agree_with_majflt() {
         report.majflt > 0,
         "no major faults under cgroup pressure: {report:?}"
     );
-    assert_majflt_agrees(traced_faults, final_majflt, &report);
+    assert_majflt_agrees(
+        traced_faults,
+        final_majflt,
+        &report,
+        FaultBackend::Tracepoint,
+    );
     let proc = summary
         .processes
         .iter()

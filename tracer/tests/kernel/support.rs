@@ -319,3 +319,20 @@ pub fn monotonic_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// The probe events gostw process `pid` made in tracefs (its return
+/// probes, `tracer::kernel::retprobe`) are gone within five seconds: after a
+/// CLI run, its teardown child removes them once gostw has exited.
+pub fn assert_probe_events_removed(pid: u32) {
+    let ours = format!("gostw_{pid}/");
+    let read = || std::fs::read_to_string("/sys/kernel/tracing/kprobe_events").unwrap_or_default();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while read().contains(&ours) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let events = read();
+    assert!(
+        !events.contains(&ours),
+        "probe events of gostw pid {pid} left in tracefs:\n{events}"
+    );
+}

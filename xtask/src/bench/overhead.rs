@@ -62,13 +62,21 @@ pub struct OverheadOptions {
     pub trap_calls: u32,
 }
 
-/// gostw configurations: the default, then each feature alone (pauses are
-/// always traced).
-const GOSTW_CONFIGS: &[(&str, &[&str])] = &[
-    ("gostw run (default)", &[]),
-    ("gostw pauses only", &["--no-faults", "--stacks", "off"]),
-    ("gostw + faults", &["--stacks", "off"]),
-    ("gostw + stacks (sampled)", &["--no-faults"]),
+/// gostw configurations (name, options, environment): the default, each
+/// feature alone (pauses are always traced), and the default with the
+/// program variants older kernels load (`GOSTW_COMPAT=force`: 5.10's
+/// fallbacks for `bpf_loop`, `bpf_task_pt_regs` and the BTF task helpers),
+/// so each fallback's cost per run stands beside the preferred program's.
+const GOSTW_CONFIGS: &[(&str, &[&str], &[(&str, &str)])] = &[
+    ("gostw run (default)", &[], &[]),
+    (
+        "gostw pauses only",
+        &["--no-faults", "--stacks", "off"],
+        &[],
+    ),
+    ("gostw + faults", &["--stacks", "off"], &[]),
+    ("gostw + stacks (sampled)", &["--no-faults"], &[]),
+    ("gostw, 5.10 variants", &[], &[("GOSTW_COMPAT", "force")]),
 ];
 
 pub fn run(rounds: u32, go_version: &str, o: &OverheadOptions) -> anyhow::Result<()> {
@@ -133,9 +141,9 @@ pub fn run(rounds: u32, go_version: &str, o: &OverheadOptions) -> anyhow::Result
             } else {
                 &GOSTW_CONFIGS[..1]
             };
-            configs.extend(gostw_configs.iter().map(|(name, args)| Config {
+            configs.extend(gostw_configs.iter().map(|(name, args, env)| Config {
                 name,
-                tracer: Tracer::Gostw(gostw.clone(), args),
+                tracer: Tracer::Gostw(gostw.clone(), args, env),
             }));
             configs.push(Config {
                 name: "bpftrace (same events)",

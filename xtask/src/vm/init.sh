@@ -25,6 +25,8 @@ mount -t tracefs tracefs /sys/kernel/tracing
 mount -t debugfs debugfs /sys/kernel/debug
 mount -t bpf bpf /sys/fs/bpf
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
+# Loopback, for the tests that talk to the agent over HTTP.
+ip link set lo up
 echo "GOSTW_VM_KERNEL=$(uname -r)"
 
 # The payload is under /gostw; the tests name files by their host paths

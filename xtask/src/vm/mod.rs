@@ -155,7 +155,9 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         &work.join("root"),
         &initrd,
     )?;
-    let swap = qemu::swap_disk(&work.join("swap.img"), 1024)?;
+    // Enough for the storm tests' 2 GiB (sparse: only what is paged out
+    // takes host disk).
+    let swap = qemu::swap_disk(&work.join("swap.img"), 2560)?;
     let log = work.join("console.log");
 
     step(&format!(

@@ -210,6 +210,10 @@ impl Sink for MetricsSink {
             }
             Observed::KernelCounters(counters) => {
                 for &(counter, value) in counters {
+                    if counter == Counter::FaultReturnsPending {
+                        // A gauge, not a count of errors (summary only).
+                        continue;
+                    }
                     let last = self.kernel_last.entry(counter).or_default();
                     let delta = value.saturating_sub(*last);
                     *last = value;

@@ -75,8 +75,12 @@ impl Workload {
 /// What observes the workload.
 pub enum Tracer {
     None,
-    /// `gostw run` with these extra options.
-    Gostw(PathBuf, &'static [&'static str]),
+    /// `gostw run` with these extra options and environment.
+    Gostw(
+        PathBuf,
+        &'static [&'static str],
+        &'static [(&'static str, &'static str)],
+    ),
     /// `bpftrace` with [`bpftrace_script`].
     Bpftrace,
 }
@@ -224,9 +228,10 @@ fn traced(tracer: &Tracer, program: &Path, args: &[String]) -> Command {
             c.args(args);
             c
         }
-        Tracer::Gostw(gostw, extra) => {
+        Tracer::Gostw(gostw, extra, env) => {
             let mut c = Command::new(gostw);
-            c.args(["run", "--json", "--output"])
+            c.envs(env.iter().copied())
+                .args(["run", "--json", "--output"])
                 .arg(trace_file())
                 .args(*extra)
                 .arg("--")
