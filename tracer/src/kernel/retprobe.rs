@@ -35,15 +35,21 @@ fn group(pid: u32) -> String {
     format!("gostw_{pid}")
 }
 
-/// The event of `program`: names are unique across groups in some kernels'
-/// listings, so the pid is in both.
-fn event_name(program: &str) -> String {
-    format!("{program}_{}", std::process::id())
+/// The event of `program` in probe set `set` of this process: the pid is in
+/// the group and the name both (some listings show names without groups),
+/// the set number keeps two engines of one process apart.
+fn event_name(program: &str, set: u32) -> String {
+    format!("{program}_{}_{set}", std::process::id())
 }
+
+/// Probe sets made by this process so far.
+static SETS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// This process's return probes, created in tracefs and attached.
 pub struct RetProbes {
     tracefs: PathBuf,
+    /// This set's number in the process (`event_name`).
+    set: u32,
     /// `kprobe_events`, opened once: the teardown child writes the removals
     /// through it after tracefs may have been unmounted (lazily).
     events_file: File,
@@ -81,6 +87,7 @@ impl RetProbes {
             .open(&path)
             .with_context(|| format!("opening {}", path.display()))?;
         Ok(RetProbes {
+            set: SETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             tracefs: tracefs.to_owned(),
             events_file,
             probes: Vec::new(),
@@ -96,7 +103,7 @@ impl RetProbes {
         program: BorrowedFd<'_>,
     ) -> anyhow::Result<()> {
         let group = group(std::process::id());
-        let name = &event_name(name);
+        let name = &event_name(name, self.set);
         let definition = format!("r{MAXACTIVE}:{group}/{name} {function}\n");
         self.events_file
             .write_all(definition.as_bytes())

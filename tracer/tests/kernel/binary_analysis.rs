@@ -36,7 +36,7 @@ use tracer::{
 
 use crate::support::{
     GoToolchain, STW_ARGS, STW_GOMAXPROCS, STW_READ_MEM_STATS, StwReport, build_workload,
-    build_workload_env, go_matrix, newest_go, parse_report, require_root,
+    build_workload_env, go_matrix, gostw_stdout, newest_go, parse_report, require_root,
 };
 
 /// How one variant is built.
@@ -1175,18 +1175,12 @@ fn run_and_attach_trace_binaries_without_buildinfo() {
         let bin = GoBinary::open(&path).unwrap();
         assert_eq!(bin.version_source, VersionSource::BuildVersionCode);
         assert_eq!(bin.version_string, format!("go{v}"));
-        let out = Command::new(GOSTW)
-            .args(["run", "--json", "--"])
-            .arg(&path)
-            .args(STW_ARGS)
-            .stdin(Stdio::null())
-            .output()
-            .expect("running gostw");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "Go {v}: gostw run failed: {}\n{stdout}",
-            String::from_utf8_lossy(&out.stderr)
+        let stdout = gostw_stdout(
+            Command::new(GOSTW)
+                .args(["run", "--json", "--"])
+                .arg(&path)
+                .args(STW_ARGS),
+            &format!("Go {v}: gostw run"),
         );
         let t = parse_traced(&stdout);
         let report: StwReport = parse_report(&stdout);

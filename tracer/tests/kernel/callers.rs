@@ -4,13 +4,13 @@
 //! from `main.report`) and `runtime.GOMAXPROCS` from `main.resizeProcs`, on
 //! every Go version of the matrix.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde_json::Value;
 
 use crate::support::{
-    STW_ARGS, STW_GOMAXPROCS, STW_READ_MEM_STATS, build_workload, go_matrix, json_records,
-    newest_go, require_root,
+    STW_ARGS, STW_GOMAXPROCS, STW_READ_MEM_STATS, build_workload, go_matrix, gostw_stdout,
+    json_records, newest_go, require_root,
 };
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
@@ -18,21 +18,14 @@ const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
 /// `gostw run --json [extra] -- stw STW_ARGS`: pause records and summary.
 fn run(go: &crate::support::GoToolchain, extra: &[&str]) -> (Vec<Value>, Value) {
     let path = build_workload("stw", go, "", &[]);
-    let out = Command::new(GOSTW)
-        .args(["run", "--json"])
-        .args(extra)
-        .arg("--")
-        .arg(&path)
-        .args(STW_ARGS)
-        .stdin(Stdio::null())
-        .output()
-        .expect("running gostw");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "Go {}: gostw run failed: {}",
-        go.version,
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = gostw_stdout(
+        Command::new(GOSTW)
+            .args(["run", "--json"])
+            .args(extra)
+            .arg("--")
+            .arg(&path)
+            .args(STW_ARGS),
+        &format!("Go {}: gostw run", go.version),
     );
     let summary = json_records(&stdout, "summary").pop().expect("no summary");
     let pauses = json_records(&stdout, "pause");

@@ -17,7 +17,7 @@ use std::{
 use serde_json::Value;
 
 use crate::support::{
-    GoToolchain, build_workload, go_matrix, json_records, newest_go, ns, require_root,
+    GoToolchain, build_workload, go_matrix, gostw_stdout, json_records, newest_go, ns, require_root,
 };
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
@@ -37,30 +37,23 @@ fn functions(frames: &Value) -> Vec<&str> {
 fn spin(go: &GoToolchain, spinners: u32, preempt: bool) -> Vec<Value> {
     let path = build_workload("stw", go, "", &[]);
     let spinners = spinners.to_string();
-    let out = Command::new(GOSTW)
-        .args(["run", "--json", "--no-faults", "--stacks", "off", "--"])
-        .arg(&path)
-        .args(["-spinners", &spinners, "-spin-chunk", "20ms", "-gc", "1"])
-        .args(["-readmemstats", "0", "-gomaxprocs", "0", "-alloc-mb", "0"])
-        .args(["-duration", "1500ms", "-interval", "40ms"])
-        .env(
-            "GODEBUG",
-            if preempt {
-                "asyncpreemptoff=0"
-            } else {
-                "asyncpreemptoff=1"
-            },
-        )
-        .env("GOMAXPROCS", "2")
-        .stdin(Stdio::null())
-        .output()
-        .expect("running gostw");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "Go {}: gostw run failed: {}",
-        go.version,
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = gostw_stdout(
+        Command::new(GOSTW)
+            .args(["run", "--json", "--no-faults", "--stacks", "off", "--"])
+            .arg(&path)
+            .args(["-spinners", &spinners, "-spin-chunk", "20ms", "-gc", "1"])
+            .args(["-readmemstats", "0", "-gomaxprocs", "0", "-alloc-mb", "0"])
+            .args(["-duration", "1500ms", "-interval", "40ms"])
+            .env(
+                "GODEBUG",
+                if preempt {
+                    "asyncpreemptoff=0"
+                } else {
+                    "asyncpreemptoff=1"
+                },
+            )
+            .env("GOMAXPROCS", "2"),
+        &format!("Go {}: gostw run", go.version),
     );
     json_records(&stdout, "pause")
 }
@@ -245,8 +238,8 @@ fn pauses_of_a_throttled_cgroup_are_time_waiting_to_run() {
         .expect("starting the workload");
     std::thread::sleep(Duration::from_millis(300));
     let pid = workload.id().to_string();
-    let out = Command::new(GOSTW)
-        .args([
+    let stdout = gostw_stdout(
+        Command::new(GOSTW).args([
             "attach",
             "--pid",
             &pid,
@@ -254,15 +247,8 @@ fn pauses_of_a_throttled_cgroup_are_time_waiting_to_run() {
             "--no-faults",
             "--stacks",
             "off",
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .expect("running gostw");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "gostw attach failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+        ]),
+        "gostw attach",
     );
     assert!(workload.wait().unwrap().success());
     let throttled = cg.throttled();

@@ -4,16 +4,13 @@
 //! give Go's `/sched/pauses/stopping/{gc,other}` histograms bucket for
 //! bucket, and `duration_ns` its `/sched/pauses/total/{gc,other}`.
 
-use std::{
-    collections::BTreeMap,
-    process::{Command, Stdio},
-};
+use std::{collections::BTreeMap, process::Command};
 
 use serde::Deserialize;
 use serde_json::Value;
 use tracer::engine::pause::StwReason;
 
-use crate::support::{STW_ARGS, build_workload, go_matrix, newest_go, require_root};
+use crate::support::{STW_ARGS, build_workload, go_matrix, gostw_stdout, newest_go, require_root};
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
 
@@ -30,22 +27,15 @@ struct Report {
 /// workload's report.
 fn run(go: &crate::support::GoToolchain, extra: &[&str]) -> (Vec<Value>, Report) {
     let path = build_workload("stw", go, "", &[]);
-    let out = Command::new(GOSTW)
-        .arg("run")
-        .arg("--json")
-        .args(extra)
-        .arg("--")
-        .arg(&path)
-        .args(STW_ARGS)
-        .stdin(Stdio::null())
-        .output()
-        .expect("running gostw");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "Go {}: gostw run failed: {}\n{stdout}",
-        go.version,
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = gostw_stdout(
+        Command::new(GOSTW)
+            .arg("run")
+            .arg("--json")
+            .args(extra)
+            .arg("--")
+            .arg(&path)
+            .args(STW_ARGS),
+        &format!("Go {}: gostw run", go.version),
     );
     let mut pauses = Vec::new();
     let mut report = None;

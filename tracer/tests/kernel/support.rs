@@ -336,3 +336,21 @@ pub fn assert_probe_events_removed(pid: u32) {
         "probe events of gostw pid {pid} left in tracefs:\n{events}"
     );
 }
+
+/// Run a `gostw` command to its end with standard input closed; its
+/// standard output, or a panic naming `what` with gostw's standard error
+/// and output.
+pub fn gostw_stdout(cmd: &mut std::process::Command, what: &str) -> String {
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("running gostw");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what}: gostw failed ({}): {}\n{stdout}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
