@@ -20,7 +20,7 @@ use tracer::{
 use tracer_common::counters::Counter;
 
 use crate::{
-    scenario::{GcSwap, MemCgroup, SwapFile, swap_out},
+    scenario::{GcSwap, MemCgroup, SwapFile, paged_gcswap, swap_out},
     support::{GoToolchain, build_workload, newest_go, oldest_and_newest_go, require_root},
 };
 
@@ -641,11 +641,7 @@ pub fn start_gostw(
 #[test]
 fn cli_reports_faults_in_pauses() {
     require_root();
-    let _swap = SwapFile::create("faults-cli", 1);
-    let cgroup = MemCgroup::create("gostw-faults-cli");
-    let go = newest_go();
-    let path = build_workload("gcswap", &go, "", &[]);
-    let mut workload = GcSwap::start(&path, ARGS, ENV, |pid| cgroup.add(pid));
+    let (_swap, cgroup, mut workload) = paged_gcswap("faults-cli", ARGS, ENV);
     let pid = workload.pid;
     // It names its backend once everything is attached.
     let (gostw, _stderr) = start_gostw(
@@ -688,11 +684,7 @@ fn cli_reports_faults_in_pauses() {
 #[test]
 fn attach_pause_records_carry_their_faults() {
     require_root();
-    let _swap = SwapFile::create("faults-attach", 1);
-    let cgroup = MemCgroup::create("gostw-faults-attach");
-    let go = newest_go();
-    let path = build_workload("gcswap", &go, "", &[]);
-    let mut workload = GcSwap::start(&path, ARGS, ENV, |pid| cgroup.add(pid));
+    let (_swap, cgroup, mut workload) = paged_gcswap("faults-attach", ARGS, ENV);
     let pid = workload.pid;
     let (gostw, _stderr) = start_gostw(
         &["attach", "--json", "--pid", &pid.to_string()],

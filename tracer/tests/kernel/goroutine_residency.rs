@@ -11,8 +11,8 @@ use serde_json::Value;
 use crate::{
     faults::start_gostw,
     memory::{ARGS, freeze, signal},
-    scenario::{GcSwap, MemCgroup, SwapFile, swap_out},
-    support::{build_workload_env, newest_go, require_root},
+    scenario::{paged_gcswap, swap_out},
+    support::require_root,
 };
 
 /// `VmSwap` of `pid`, in bytes.
@@ -57,10 +57,7 @@ const FEW_PAGES: u64 = 8 * 4096;
 #[test]
 fn a_paged_out_frozen_process_keeps_its_swap_and_a_resident_one_is_counted() {
     require_root();
-    let _swap = SwapFile::create("goroutine-residency", 1);
-    let cgroup = MemCgroup::create("gostw-goroutine-residency");
-    let path = build_workload_env("gcswap", &newest_go(), "", &[], &[]);
-    let workload = GcSwap::start(&path, ARGS, &[], |pid| cgroup.add(pid));
+    let (_swap, cgroup, workload) = paged_gcswap("goroutine-residency", ARGS, &[]);
     let pid = workload.pid;
 
     // Resident: the 4000 parked goroutines are counted.

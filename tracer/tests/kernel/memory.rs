@@ -38,7 +38,7 @@ use tracer::memory::{
 
 use crate::{
     faults::start_gostw,
-    scenario::{GcSwap, MemCgroup, SwapFile, page_out_ranges, swap_out},
+    scenario::{GcSwap, MemCgroup, SwapFile, page_out_ranges, paged_gcswap, swap_out},
     support::{
         GoToolchain, build_workload_env, go_matrix, newest_go, oldest_and_newest_go, require_root,
     },
@@ -669,10 +669,7 @@ pub(crate) fn pause_evidence(stdout: &[u8], pid: u32) -> PauseEvidence {
 #[test]
 fn a_traced_pageout_gives_metadata_and_pause_advice() {
     require_root();
-    let _swap = SwapFile::create("memory", 1);
-    let cgroup = MemCgroup::create("gostw-memory-trace");
-    let path = build_workload_env("gcswap", &newest_go(), "", &[], &[]);
-    let mut workload = GcSwap::start(&path, ARGS, &[], |pid| cgroup.add(pid));
+    let (_swap, cgroup, mut workload) = paged_gcswap("memory-trace", ARGS, &[]);
     let pid = workload.pid;
     let (gostw, _stderr) = start_gostw(
         &["attach", "--json", "--pid", &pid.to_string()],

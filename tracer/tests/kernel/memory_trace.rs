@@ -19,8 +19,8 @@ use tracer::memory::{HostSwap, render};
 use crate::{
     faults::start_gostw,
     memory::{ARGS, assert_fails, freeze, n, pause_evidence, signal, smaps_swap},
-    scenario::{GcSwap, MemCgroup, SwapFile, swap_out},
-    support::{build_workload_env, newest_go, require_root},
+    scenario::{paged_gcswap, swap_out},
+    support::require_root,
 };
 
 /// `gostw attach --json --pid PID` with `extra` options, traced from now
@@ -89,10 +89,7 @@ fn text<'a>(a: &'a Value, key: &str) -> &'a str {
 #[test]
 fn attach_summary_of_a_pageout_carries_swap_advice_citing_its_numbers() {
     require_root();
-    let _swap = SwapFile::create("memory-trace", 1);
-    let cgroup = MemCgroup::create("gostw-memory-attach");
-    let path = build_workload_env("gcswap", &newest_go(), "", &[], &[]);
-    let mut workload = GcSwap::start(&path, ARGS, &[], |pid| cgroup.add(pid));
+    let (_swap, cgroup, mut workload) = paged_gcswap("memory-attach", ARGS, &[]);
     let pid = workload.pid;
     let host_before = HostSwap::snapshot().unwrap();
     // Stack growth off: this test is about exposure alone (the goroutine
@@ -192,10 +189,7 @@ fn attach_summary_of_a_pageout_carries_swap_advice_citing_its_numbers() {
 #[test]
 fn attach_without_pageout_carries_no_advice_and_an_exited_process_keeps_its_last_read() {
     require_root();
-    let _swap = SwapFile::create("memory-trace", 1);
-    let cgroup = MemCgroup::create("gostw-memory-attach-control");
-    let path = build_workload_env("gcswap", &newest_go(), "", &[], &[]);
-    let mut workload = GcSwap::start(&path, ARGS, &[], |pid| cgroup.add(pid));
+    let (_swap, _cgroup, mut workload) = paged_gcswap("memory-attach-control", ARGS, &[]);
     let pid = workload.pid;
     let (gostw, _stderr) = attach(pid, &["--exposure-every", "200ms"]);
     for _ in 0..3 {

@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use crate::{
     faults::{ARGS, ENV, start_gostw},
-    scenario::{GcSwap, MemCgroup, SwapFile, swap_out},
-    support::{build_workload, json_records, newest_go, ns, require_root},
+    scenario::{paged_gcswap, swap_out},
+    support::{json_records, ns, require_root},
 };
 
 const MS: u64 = 1_000_000;
@@ -17,11 +17,7 @@ const MS: u64 = 1_000_000;
 #[test]
 fn pageout_pauses_are_explained_by_faults_by_phase() {
     require_root();
-    let _swap = SwapFile::create("breakdown", 1);
-    let cgroup = MemCgroup::create("gostw-breakdown");
-    let go = newest_go();
-    let path = build_workload("gcswap", &go, "", &[]);
-    let mut workload = GcSwap::start(&path, ARGS, ENV, |pid| cgroup.add(pid));
+    let (_swap, cgroup, mut workload) = paged_gcswap("breakdown", ARGS, ENV);
     let pid = workload.pid;
     let (gostw, _stderr) = start_gostw(
         &["attach", "--json", "--pid", &pid.to_string()],

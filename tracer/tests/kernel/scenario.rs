@@ -169,3 +169,18 @@ impl Drop for GcSwap {
         let _ = self.child.wait();
     }
 }
+
+/// The page-out tests' usual start: 1 GiB of swap, a memory cgroup named
+/// `gostw-<name>`, and the newest Go's gcswap with `args` and `env` in it.
+/// Hold all three (the swap and the cgroup are undone on drop).
+pub fn paged_gcswap(
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (SwapFile, MemCgroup, GcSwap) {
+    let swap = SwapFile::create(name, 1);
+    let cgroup = MemCgroup::create(&format!("gostw-{name}"));
+    let path = crate::support::build_workload("gcswap", &crate::support::newest_go(), "", &[]);
+    let workload = GcSwap::start(&path, args, env, |pid| cgroup.add(pid));
+    (swap, cgroup, workload)
+}
