@@ -3,7 +3,8 @@
 //! way to make a Go process's pauses take major faults: a swap file, a
 //! memory cgroup, pushing the process's anonymous memory to swap between GCs
 //! and dropping the swap cache that leaves behind, and the `gcswap`
-//! workload's stdin/stdout protocol (scripts/workloads/gcswap).
+//! workload's stdin/stdout protocol (scripts/workloads/gcswap). Also the
+//! check every test of /metrics makes (`promtool_check`).
 //!
 //! Everything that changes the machine is undone on drop, also when the
 //! caller fails. Errors are `std::io::Error`s whose text names what failed.
@@ -11,11 +12,13 @@
 mod cgroup;
 mod gcswap;
 mod pageout;
+mod promtool;
 mod swap;
 
 pub use cgroup::MemCgroup;
 pub use gcswap::{GcSwapControl, PAGEOUT_ARGS, PAGEOUT_ENV, PAGEOUT_ROUNDS};
 pub use pageout::{majflt, page_out, page_out_ranges, swap_out};
+pub use promtool::promtool_check;
 pub use swap::SwapFile;
 
 /// `e` with `what` in front of its message (same kind).

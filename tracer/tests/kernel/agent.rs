@@ -4,7 +4,6 @@
 
 use std::{
     fs,
-    io::Write as _,
     net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -1054,24 +1053,5 @@ fn memory_series(body: &str, go: &GoToolchain, pid: u32) -> (u64, u64, u64, Vec<
 
 /// `promtool check metrics` passes on `body` (the Prometheus text format).
 pub fn promtool_check(body: &str) {
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("running promtool (cargo xtask setup installs it)");
-    promtool
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(body.as_bytes())
-        .unwrap();
-    let out = promtool.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    gostw_scenario::promtool_check(body).unwrap_or_else(|e| panic!("{e}"));
 }

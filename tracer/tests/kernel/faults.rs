@@ -21,7 +21,9 @@ use tracer_common::counters::Counter;
 
 use crate::{
     scenario::{GcSwap, MemCgroup, SwapFile, paged_gcswap, swap_out},
-    support::{GoToolchain, build_workload, newest_go, oldest_and_newest_go, require_root},
+    support::{
+        GoToolchain, build_workload, monotonic_ns, newest_go, oldest_and_newest_go, require_root,
+    },
 };
 
 /// What gcswap says of itself at exit.
@@ -757,15 +759,4 @@ fn attach_pause_records_carry_their_faults() {
         faulting.len(),
         faulting.iter().map(|p| faults(p)).max().unwrap()
     );
-}
-
-/// CLOCK_MONOTONIC now, ns (the clock of pause records' `start_mono_ns`).
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

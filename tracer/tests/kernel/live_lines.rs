@@ -9,19 +9,9 @@ use std::{
 
 use serde_json::Value;
 
-use crate::support::{build_workload, newest_go, require_root};
+use crate::support::{build_workload, monotonic_ns, newest_go, require_root};
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 #[test]
 fn pause_lines_appear_within_100ms_of_the_pause() {

@@ -27,6 +27,10 @@ use tracer::{
     },
 };
 
+/// CLOCK_MONOTONIC now, ns (the clock of pause records' `start_mono_ns`:
+/// Go's nanotime), as the engine reads it.
+pub use tracer::engine::stream::monotonic_ns;
+
 /// Panic unless running as root: every kernel test loads eBPF programs.
 pub fn require_root() {
     // SAFETY: no preconditions.
@@ -306,18 +310,6 @@ pub fn run_traced(session: &mut Session, binary: &GoBinary, args: &[&str]) -> (u
         out.status
     );
     (pid, String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// CLOCK_MONOTONIC now, ns (the clock of pause records' `start_mono_ns`:
-/// Go's nanotime).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The probe events gostw process `pid` made in tracefs (its return

@@ -62,12 +62,19 @@ pub struct OverheadOptions {
     pub trap_calls: u32,
 }
 
+/// A gostw configuration: name, options, environment.
+type GostwConfig = (
+    &'static str,
+    &'static [&'static str],
+    &'static [(&'static str, &'static str)],
+);
+
 /// gostw configurations (name, options, environment): the default, each
 /// feature alone (pauses are always traced), and the default with the
 /// program variants older kernels load (`GOSTW_COMPAT=force`: 5.10's
 /// fallbacks for `bpf_loop`, `bpf_task_pt_regs` and the BTF task helpers),
 /// so each fallback's cost per run stands beside the preferred program's.
-const GOSTW_CONFIGS: &[(&str, &[&str], &[(&str, &str)])] = &[
+const GOSTW_CONFIGS: &[GostwConfig] = &[
     ("gostw run (default)", &[], &[]),
     (
         "gostw pauses only",

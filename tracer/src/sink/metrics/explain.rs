@@ -163,11 +163,7 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
-    use std::{
-        io::Write as _,
-        process::{Command, Stdio},
-        sync::Arc,
-    };
+    use std::sync::Arc;
 
     use prometheus_client::encoding::text::encode;
     use tracer_common::{
@@ -347,26 +343,7 @@ mod tests {
 
         // The text format the agent serves passes promtool.
         let body = openmetrics_to_text(&text);
-        let mut promtool = Command::new("promtool")
-            .args(["check", "metrics"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("running promtool (Prometheus's; `cargo xtask setup` installs it)");
-        promtool
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(body.as_bytes())
-            .unwrap();
-        let checked = promtool.wait_with_output().unwrap();
-        assert!(
-            checked.status.success(),
-            "promtool check metrics: {}{}\n{body}",
-            String::from_utf8_lossy(&checked.stdout),
-            String::from_utf8_lossy(&checked.stderr)
-        );
+        gostw_scenario::promtool_check(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
 
         metrics.remove(&labels);
         let mut text = String::new();
