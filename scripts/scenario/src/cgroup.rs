@@ -99,8 +99,15 @@ impl MemCgroup {
         if self.v2 {
             // Asks for more than the group holds: reclaims what it can and
             // answers EAGAIN for the rest, which is fine here.
-            let _ = fs::write(self.path.join("memory.reclaim"), "4G");
-            Ok(())
+            match fs::write(self.path.join("memory.reclaim"), "4G") {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    // Before 5.19 (Debian 11's 5.10): lowering memory.high
+                    // reclaims down to it in the writer, then lift it again.
+                    self.write("memory.high", "0")?;
+                    self.write("memory.high", "max")
+                }
+                _ => Ok(()),
+            }
         } else {
             self.write("memory.force_empty", "0")
         }

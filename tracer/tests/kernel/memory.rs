@@ -730,7 +730,11 @@ fn a_traced_pageout_gives_metadata_and_pause_advice() {
         "{}",
         items[1].evidence
     );
-    assert!(pauses.pauses_with_faults >= 3, "{pauses:?}");
+    // Most of the three paged-out GCs fault inside their pauses: all three
+    // on 6.x; on Debian 11's 5.10 one GC of the three took its faults only
+    // outside its pauses, in both fault backends alike (`backend_agreement`,
+    // same run).
+    assert!(pauses.pauses_with_faults >= 2, "{pauses:?}");
 }
 
 pub(crate) fn assert_fails(args: &[&str], wanted: &[&str]) {
