@@ -152,6 +152,11 @@ pub fn fetch(spec: KernelSpec) -> anyhow::Result<Kernel> {
     for deb in &debs {
         exec(Command::new("dpkg").arg("-x").arg(deb).arg(&tmp))?;
     }
+    // Newer packages (Debian 13's) ship merged-/usr paths: the modules and
+    // the kernel image under usr/lib/modules/<release>.
+    if !tmp.join("lib").exists() && tmp.join("usr/lib/modules").is_dir() {
+        std::os::unix::fs::symlink("usr/lib", tmp.join("lib"))?;
+    }
     let release = release_of(&tmp)?;
     // The package ships no modules.dep (its postinst runs depmod): make one.
     exec(Command::new("depmod").arg("-b").arg(&tmp).arg(&release))
@@ -174,8 +179,15 @@ fn unpacked(dir: &Path, package: &str) -> anyhow::Result<Option<Kernel>> {
         return Ok(None);
     };
     let release = release.trim().to_owned();
-    let vmlinuz = dir.join(format!("boot/vmlinuz-{release}"));
     let modules = dir.join(format!("lib/modules/{release}"));
+    // In boot/, or beside the modules in merged-/usr packages.
+    let vmlinuz = [
+        dir.join(format!("boot/vmlinuz-{release}")),
+        modules.join("vmlinuz"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .unwrap_or_default();
     if !vmlinuz.is_file() || !modules.join("modules.dep").is_file() {
         return Ok(None);
     }
@@ -267,7 +279,10 @@ impl Kernel {
     /// skipped; a module the kernel has in neither form is an error.
     pub fn modules_in_load_order(&self, wanted: &[&str]) -> anyhow::Result<Vec<String>> {
         let dep = fs::read_to_string(self.modules.join("modules.dep"))?;
-        let builtin = fs::read_to_string(self.modules.join("modules.builtin")).unwrap_or_default();
+        // Debian 13's split packages ship no modules.builtin: there a module
+        // missing from modules.dep is taken as built in (the guest reports
+        // its swap and kprobes either way).
+        let builtin = fs::read_to_string(self.modules.join("modules.builtin")).ok();
         let deps: HashMap<&str, Vec<&str>> = dep
             .lines()
             .filter_map(|l| l.split_once(':'))
@@ -279,7 +294,9 @@ impl Kernel {
         for name in wanted {
             match path_of(name) {
                 Some(path) => visit(path, &deps, &mut order),
-                None if builtin.lines().any(|p| module_name(p) == *name) => {}
+                None if builtin
+                    .as_deref()
+                    .is_none_or(|b| b.lines().any(|p| module_name(p) == *name)) => {}
                 None => bail!("kernel {} has no module {name}", self.release),
             }
         }

@@ -154,11 +154,31 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
     let mut module_files = Vec::new();
     for m in &modules {
         let file = m.rsplit('/').next().unwrap_or(m);
-        fs::copy(
-            p.kernel.modules.join(m),
-            stage.join("lib/modules").join(file),
-        )
-        .with_context(|| format!("copying module {m}"))?;
+        let from = p.kernel.modules.join(m);
+        // Newer kernels ship compressed modules (.ko.xz, .ko.zst); busybox's
+        // insmod loads plain ones.
+        let (file, unpack) = match file.rsplit_once('.') {
+            Some((plain, "xz")) => (plain, Some("xz")),
+            Some((plain, "zst")) => (plain, Some("zstd")),
+            _ => (file, None),
+        };
+        let to = stage.join("lib/modules").join(file);
+        match unpack {
+            Some(tool) => {
+                let out = std::process::Command::new(tool)
+                    .arg("-dc")
+                    .arg(&from)
+                    .output()
+                    .with_context(|| format!("running {tool} on module {m}"))?;
+                if !out.status.success() {
+                    bail!("{tool} -dc {m}: {}", String::from_utf8_lossy(&out.stderr));
+                }
+                fs::write(&to, out.stdout)?;
+            }
+            None => {
+                fs::copy(&from, &to).with_context(|| format!("copying module {m}"))?;
+            }
+        }
         module_files.push(file.to_owned());
     }
 
