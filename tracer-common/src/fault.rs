@@ -115,6 +115,26 @@ pub struct FaultState {
 }
 assert_size!(FaultState, 8 * 8 + 4 * 4);
 
+/// Kernel struct offsets the kprobe backend reads, from the kernel's BTF:
+/// index 0 of the `FAULT_LAYOUT` array, written by user space when the
+/// backend attaches. A zero field is unknown (no BTF), and what it serves is
+/// skipped.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultLayout {
+    /// `vm_fault.flags`: whether an attempt ran under the per-VMA lock.
+    pub vmf_flags: u32,
+    /// `task_struct.pending.signal` (the thread's own pending signals).
+    pub task_pending_signal: u32,
+    /// `task_struct.blocked`.
+    pub task_blocked: u32,
+    pub _pad: u32,
+}
+assert_size!(FaultLayout, 16);
+
+/// The map holding the `FaultLayout`.
+pub const FAULT_LAYOUT: &str = "FAULT_LAYOUT";
+
 /// The beginning of the fault in progress on one CPU (tracepoint backend,
 /// a per-CPU slot): written at every fault begin instead of a per-thread
 /// hash entry, since a thread that does not leave the CPU inside its fault
@@ -271,4 +291,5 @@ mod user {
     unsafe impl aya::Pod for super::FaultState {}
     unsafe impl aya::Pod for super::FaultBegin {}
     unsafe impl aya::Pod for super::FaultCounts {}
+    unsafe impl aya::Pod for super::FaultLayout {}
 }

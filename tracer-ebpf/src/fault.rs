@@ -42,6 +42,9 @@ pub const STATE_MAJOR_SEEN: u32 = 1 << 31;
 /// Internal `FaultState::flags` bit: this fault's event was already sent
 /// (kprobe backend, at its first VM_FAULT_RETRY).
 pub const STATE_EMITTED: u32 = 1 << 30;
+/// Internal `FaultState::flags` bit: the current attempt runs under the
+/// per-VMA lock (kprobe backend).
+pub const STATE_VMA_LOCK: u32 = 1 << 29;
 
 /// `bpf_ktime_get_ns`.
 #[inline(always)]
@@ -187,7 +190,7 @@ pub fn emit<C: EbpfContext>(
             wait_own_ns: s.wait_own_ns,
             wait_other_ns: s.wait_other_ns,
             user_stack_len,
-            flags: s.flags & !(STATE_MAJOR_SEEN | STATE_EMITTED),
+            flags: s.flags & !(STATE_MAJOR_SEEN | STATE_EMITTED | STATE_VMA_LOCK),
             reads_issued: s.reads_issued,
             backend: backend as u32,
         },

@@ -8,7 +8,10 @@
 //! sent at its first RETRY and its retry, if seen, is folded into it. A
 //! RETRY while a signal is pending is the exception: the kernel abandons the
 //! fault for the signal handler without counting it (the program faults
-//! again afterwards, a new fault), so such an attempt is dropped. Waits
+//! again afterwards, a new fault), so such an attempt is dropped. So is a
+//! RETRY of an attempt under the per-VMA lock (6.4+) that was not major
+//! itself: the kernel retries it under the mmap lock without
+//! FAULT_FLAG_TRIED, and counts it by that retry's own result. Waits
 //! are the time spent in the page-lock slow path, own when this thread issued
 //! the swap read itself.
 //!
@@ -19,18 +22,19 @@
 
 use aya_ebpf::{
     helpers::{bpf_get_current_task, bpf_probe_read_kernel},
-    macros::{kprobe, kretprobe},
+    macros::{kprobe, kretprobe, map},
+    maps::Array,
     programs::{ProbeContext, RetProbeContext},
 };
 use tracer_common::{
     counters::Counter,
-    fault::{Backend, FaultEvent},
+    fault::{Backend, FaultEvent, FaultLayout},
 };
 
 use crate::{
     fault::{
-        FAULT_STATE, STATE_EMITTED, STATE_MAJOR_SEEN, begin, close_blocked, current_ids, emit, now,
-        state_mut,
+        FAULT_STATE, STATE_EMITTED, STATE_MAJOR_SEEN, STATE_VMA_LOCK, begin, close_blocked,
+        current_ids, emit, now, state_mut,
     },
     maps::{count, traced, uncount},
 };
@@ -42,20 +46,51 @@ const VM_FAULT_RETRY: u32 = 0x0400;
 /// unchanged since 5.x).
 const VM_FAULT_ADDRESS: usize = 24;
 
-/// `TIF_SIGPENDING` in x86's `thread_info.flags`, which is the first field
-/// of `task_struct` (`CONFIG_THREAD_INFO_IN_TASK`, every x86_64 kernel since
-/// 4.9).
-const TIF_SIGPENDING: u64 = 1 << 2;
+/// `FaultLayout` at index 0, written by user space from the kernel's BTF.
+#[map]
+static FAULT_LAYOUT: Array<FaultLayout> = Array::with_max_entries(1, 0);
 
-/// Whether the current thread has a signal pending: a fault that returns
-/// VM_FAULT_RETRY now is abandoned (`fault_signal_pending` in the arch's
-/// fault handler), not retried, and not counted.
+/// `FAULT_FLAG_VMA_LOCK` (`enum fault_flag`, 6.4+; the bit is unused before).
+const FAULT_FLAG_VMA_LOCK: u32 = 1 << 12;
+/// `*(base + offset)` in kernel memory, if the offset is known.
+#[inline(always)]
+fn read_at<T>(base: u64, offset: u32) -> Option<T> {
+    if offset == 0 {
+        return None;
+    }
+    // SAFETY: a kernel pointer read through the helper, which checks it.
+    unsafe { bpf_probe_read_kernel((base + u64::from(offset)) as *const T) }.ok()
+}
+
+/// Whether the current thread has a signal of its own pending and not
+/// blocked (what sets `TIF_SIGPENDING` for the thread-directed signals Go
+/// preempts with): a fault that returns VM_FAULT_RETRY now is abandoned
+/// (`fault_signal_pending` in the arch's fault handler), not retried, and
+/// not counted.
 #[inline(always)]
 fn signal_pending() -> bool {
+    let Some(l) = FAULT_LAYOUT.get(0) else {
+        return false;
+    };
     // SAFETY: no preconditions.
-    let task = unsafe { bpf_get_current_task() } as *const u64;
-    // SAFETY: a kernel pointer read through the helper, which checks it.
-    unsafe { bpf_probe_read_kernel(task) }.is_ok_and(|flags| flags & TIF_SIGPENDING != 0)
+    let task = unsafe { bpf_get_current_task() };
+    let pending: u64 = read_at(task, l.task_pending_signal).unwrap_or(0);
+    let blocked: u64 = read_at(task, l.task_blocked).unwrap_or(0);
+    pending & !blocked != 0
+}
+
+/// `STATE_VMA_LOCK` if the attempt of `vmf` runs under the per-VMA lock.
+#[inline(always)]
+fn vma_lock_flag(vmf: *const u8) -> u32 {
+    let Some(l) = FAULT_LAYOUT.get(0) else {
+        return 0;
+    };
+    let flags: u32 = read_at(vmf as u64, l.vmf_flags).unwrap_or(0);
+    if flags & FAULT_FLAG_VMA_LOCK != 0 {
+        STATE_VMA_LOCK
+    } else {
+        0
+    }
 }
 
 #[inline(always)]
@@ -72,16 +107,17 @@ fn fault_entry(ctx: &ProbeContext, flags: u32) -> u32 {
         // SAFETY: a kernel pointer read through the helper, which checks it.
         unsafe { bpf_probe_read_kernel(vmf.add(VM_FAULT_ADDRESS).cast::<u64>()) }.unwrap_or(0)
     };
+    let vma_lock = if vmf.is_null() { 0 } else { vma_lock_flag(vmf) };
     if let Some(state) = state_mut(tid)
         && state.retry_pending != 0
         && state.address == address
     {
-        // The retry of a fault that dropped the mmap lock: same fault.
+        // The retry of a fault that dropped its lock: same fault.
         state.retry_pending = 0;
-        state.flags |= FaultEvent::FLAG_RETRIED | flags;
+        state.flags = (state.flags & !STATE_VMA_LOCK) | FaultEvent::FLAG_RETRIED | flags | vma_lock;
         return 0;
     }
-    begin(tid, address, 0, flags);
+    begin(tid, address, 0, flags | vma_lock);
     0
 }
 
@@ -98,7 +134,8 @@ fn fault_return(ctx: &RetProbeContext) -> u32 {
         return 0;
     };
     uncount(Counter::FaultReturnsPending);
-    if ret & VM_FAULT_MAJOR != 0 {
+    let major = ret & VM_FAULT_MAJOR != 0;
+    if major {
         state.flags |= STATE_MAJOR_SEEN;
     }
     let retry = ret & VM_FAULT_RETRY != 0;
@@ -108,7 +145,11 @@ fn fault_return(ctx: &RetProbeContext) -> u32 {
         let _ = FAULT_STATE.remove(tid);
         return 0;
     }
-    if (retry || state.flags & STATE_MAJOR_SEEN != 0) && state.flags & STATE_EMITTED == 0 {
+    // Retried with FAULT_FLAG_TRIED, so counted major whatever the retry
+    // finds: any RETRY under the mmap lock, one under the per-VMA lock only
+    // if this attempt was major.
+    let tried = retry && (state.flags & STATE_VMA_LOCK == 0 || major);
+    if (tried || state.flags & STATE_MAJOR_SEEN != 0) && state.flags & STATE_EMITTED == 0 {
         close_blocked(state, now());
         if retry {
             state.flags |= FaultEvent::FLAG_RETRIED;

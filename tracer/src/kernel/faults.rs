@@ -7,6 +7,7 @@ use std::{os::fd::AsFd as _, path::Path};
 
 use anyhow::{Context as _, bail};
 use aya::{
+    maps::Array,
     programs::{
         KProbe, PerfEvent, TracePoint,
         kprobe::KProbeLinkId,
@@ -17,9 +18,13 @@ use aya::{
     },
     util::online_cpus,
 };
-use tracer_common::{explain::SWITCH_BOTH, fault::programs};
+use tracer_common::{
+    explain::SWITCH_BOTH,
+    fault::{FAULT_LAYOUT, FaultLayout, programs},
+};
 
 use super::{
+    btf::Btf,
     capabilities::{BackendChoice, Capabilities, FaultBackend},
     object::Object,
     retprobe::{AfterExit, RetProbes},
@@ -101,6 +106,36 @@ fn warn_default_room(e: &anyhow::Error) {
     );
 }
 
+/// Give the kprobe programs the kernel struct offsets they read
+/// (`FaultLayout`), from the kernel's BTF. Without BTF they count faults as
+/// kernels before 6.4 do, and a fault abandoned for a signal as major: said
+/// once.
+fn write_fault_layout(object: &mut Object) -> anyhow::Result<()> {
+    let layout = (|| -> anyhow::Result<FaultLayout> {
+        let btf = Btf::vmlinux()?;
+        Ok(FaultLayout {
+            vmf_flags: btf.offset("vm_fault", &["flags"])?,
+            task_pending_signal: btf.offset("task_struct", &["pending", "signal"])?,
+            task_blocked: btf.offset("task_struct", &["blocked"])?,
+            _pad: 0,
+        })
+    })();
+    let layout = match layout {
+        Ok(l) => l,
+        Err(e) => {
+            log::warn!(
+                "the kernel's BTF gives no fault and signal offsets ({e:#}): the kprobe backend \
+                 may count as major a fault the kernel abandoned for a signal or retried \
+                 without counting (per-VMA lock, 6.4+)"
+            );
+            return Ok(());
+        }
+    };
+    let mut array: Array<_, FaultLayout> = Array::try_from(object.map_mut(FAULT_LAYOUT)?)?;
+    array.set(0, layout, 0)?;
+    Ok(())
+}
+
 /// Load every kprobe-backend program (verifier check), without attaching.
 pub fn load_kprobe_programs(object: &mut Object) -> anyhow::Result<()> {
     for (name, _, _) in programs::KPROBES {
@@ -167,6 +202,7 @@ impl FaultHooks {
         functions: &[(&'static str, &'static str)],
     ) -> anyhow::Result<()> {
         load_kprobe_programs(object)?;
+        write_fault_layout(object)?;
         let mut retprobes = ensure_tracefs().and_then(RetProbes::new);
         if let Err(e) = &retprobes {
             warn_default_room(e);
