@@ -31,8 +31,8 @@ use anyhow::{Context as _, bail};
 pub const MAXACTIVE: u32 = 4096;
 
 /// The tracefs group of this process's probe events.
-fn group(pid: u32) -> String {
-    format!("gostw_{pid}")
+fn group() -> String {
+    format!("gostw_{}", std::process::id())
 }
 
 /// The event of `program` in probe set `set` of this process: the pid is in
@@ -80,12 +80,12 @@ impl RetProbes {
     /// An empty set on the tracefs at `tracefs`; fails if `kprobe_events`
     /// cannot be opened for writing.
     pub fn new(tracefs: &Path) -> anyhow::Result<RetProbes> {
-        remove_stale(tracefs);
         let path = tracefs.join("kprobe_events");
-        let events_file = OpenOptions::new()
+        let mut events_file = OpenOptions::new()
             .append(true)
             .open(&path)
             .with_context(|| format!("opening {}", path.display()))?;
+        remove_stale(&path, &mut events_file);
         Ok(RetProbes {
             set: SETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             tracefs: tracefs.to_owned(),
@@ -102,7 +102,7 @@ impl RetProbes {
         function: &str,
         program: BorrowedFd<'_>,
     ) -> anyhow::Result<()> {
-        let group = group(std::process::id());
+        let group = group();
         let name = &event_name(name, self.set);
         let definition = format!("r{MAXACTIVE}:{group}/{name} {function}\n");
         self.events_file
@@ -117,45 +117,30 @@ impl RetProbes {
                     .parse::<u64>()
                     .with_context(|| format!("{}: not a number", id_path.display()))
             })
-            .and_then(open_tracepoint_event);
-        let perf = match created {
-            Ok(fd) => fd,
-            Err(e) => {
-                self.remove(name);
-                return Err(e);
+            .and_then(open_tracepoint_event)
+            .and_then(|perf| {
+                run_program(&perf, program)
+                    .with_context(|| format!("the return probe on {function}"))?;
+                Ok(perf)
+            });
+        match created {
+            Ok(perf) => {
+                self.probes.push((name.to_owned(), perf));
+                Ok(())
             }
-        };
-        // SAFETY: ioctls on a perf event descriptor we own, with a program
-        // descriptor that outlives the call.
-        let set = unsafe {
-            libc::ioctl(
-                perf.as_raw_fd(),
-                PERF_EVENT_IOC_SET_BPF,
-                program.as_raw_fd(),
-            )
-        };
-        if set != 0 {
-            let e = std::io::Error::last_os_error();
-            drop(perf);
-            self.remove(name);
-            bail!("attaching the program to the return probe on {function}: {e}");
+            Err(e) => {
+                // Its perf event, if any, is closed by now.
+                self.remove(name);
+                Err(e)
+            }
         }
-        // SAFETY: as above.
-        if unsafe { libc::ioctl(perf.as_raw_fd(), PERF_EVENT_IOC_ENABLE, 0) } != 0 {
-            let e = std::io::Error::last_os_error();
-            drop(perf);
-            self.remove(name);
-            bail!("enabling the return probe on {function}: {e}");
-        }
-        self.probes.push((name.to_owned(), perf));
-        Ok(())
     }
 
     /// The removals for `teardown`'s child, which closes the probes'
     /// descriptors (its copies) first; this set then forgets its events.
     pub fn after_exit(&mut self) -> Option<AfterExit> {
         let file = self.events_file.as_fd().try_clone_to_owned().ok()?;
-        let group = group(std::process::id());
+        let group = group();
         let removals = self
             .probes
             .iter()
@@ -173,7 +158,7 @@ impl RetProbes {
     }
 
     fn remove(&mut self, name: &str) {
-        let line = format!("-:{}/{name}\n", group(std::process::id()));
+        let line = format!("-:{}/{name}\n", group());
         if let Err(e) = self.events_file.write_all(line.as_bytes()) {
             log::warn!("removing the return probe {name}: {e}");
         }
@@ -182,20 +167,19 @@ impl RetProbes {
 
 impl Drop for RetProbes {
     fn drop(&mut self) {
-        let names: Vec<String> = self.probes.iter().map(|(n, _)| n.clone()).collect();
-        // An event in use cannot be removed: close its perf event first.
-        self.probes.clear();
-        for name in names {
+        for (name, perf) in std::mem::take(&mut self.probes) {
+            // An event in use cannot be removed: close its perf event first.
+            drop(perf);
             self.remove(&name);
         }
     }
 }
 
-/// Remove the probe events of gostw processes that are gone (killed before
-/// they could); those of live ones are theirs.
-pub fn remove_stale(tracefs: &Path) {
-    let path = tracefs.join("kprobe_events");
-    let Ok(events) = std::fs::read_to_string(&path) else {
+/// Remove, through `events_file` (`path`, open for appending), the probe
+/// events of gostw processes that are gone (killed before they could);
+/// those of live ones are theirs.
+fn remove_stale(path: &Path, events_file: &mut File) {
+    let Ok(events) = std::fs::read_to_string(path) else {
         return;
     };
     let removals: String = stale_events(&events, |pid| Path::new(&format!("/proc/{pid}")).exists())
@@ -204,11 +188,7 @@ pub fn remove_stale(tracefs: &Path) {
     if removals.is_empty() {
         return;
     }
-    let written = OpenOptions::new()
-        .append(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(removals.as_bytes()));
-    match written {
+    match events_file.write_all(removals.as_bytes()) {
         Ok(()) => log::info!("removed probe events left by gostw processes that are gone"),
         Err(e) => log::warn!("removing probe events left by gone gostw processes: {e}"),
     }
@@ -274,6 +254,28 @@ struct PerfEventAttrV0 {
     wakeup_events: u32,
     bp_type: u32,
     config1: u64,
+}
+
+/// Have the perf event `perf` run the loaded kprobe program `program`
+/// (`PERF_EVENT_IOC_SET_BPF`), and enable it.
+fn run_program(perf: &OwnedFd, program: BorrowedFd<'_>) -> anyhow::Result<()> {
+    // SAFETY: ioctls on a perf event descriptor we own, with a program
+    // descriptor that outlives the call.
+    if unsafe {
+        libc::ioctl(
+            perf.as_raw_fd(),
+            PERF_EVENT_IOC_SET_BPF,
+            program.as_raw_fd(),
+        )
+    } != 0
+    {
+        bail!("attaching the program: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::ioctl(perf.as_raw_fd(), PERF_EVENT_IOC_ENABLE, 0) } != 0 {
+        bail!("enabling it: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Open the perf event of tracefs event `id`. A BPF program attached to a
