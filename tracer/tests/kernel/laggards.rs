@@ -302,29 +302,38 @@ fn pauses_of_a_throttled_cgroup_are_time_waiting_to_run() {
         "only {} pauses of 5 ms or more under a 20% quota",
         slow.len()
     );
-    // The stopping thread can also sleep inside a throttled pause (on a
-    // lock or a wake-up from a thread that is itself throttled): that time
-    // is `blocked`, and gostw does not tie a sleep to the throttling of
-    // the thread it waited for. Most slow pauses must be waiting to run.
-    let mut waiting_pauses = Vec::new();
+    // Not every slow pause is throttled: with the sweeper starved by the
+    // quota, sweep termination finishes the sweep itself inside the stop
+    // (10-12 ms on CPU, seen in CI). And the stopping thread can sleep
+    // inside a throttled pause (on a wake-up from a thread that is itself
+    // throttled): that is `blocked`, not tied to the other thread's
+    // throttling. So the claim is about time: most of the slow pauses'
+    // time is waiting to run, and several pauses are almost all waiting.
+    let (mut total, mut waiting_total, mut mostly_waiting) = (0, 0, 0);
     for p in &slow {
         let b = &p["breakdown"];
         let waiting = ns(&b["stopping_runnable_ns"]) + ns(&b["off_cpu_runnable_ns"]);
+        let duration = ns(&p["duration_ns"]);
         eprintln!(
-            "  {} {} us: waiting to run {} us",
+            "  {} {} us: waiting to run {} us, on CPU {} us",
             p["reason"],
-            ns(&p["duration_ns"]) / 1000,
-            waiting / 1000
+            duration / 1000,
+            waiting / 1000,
+            (ns(&b["stopping_on_cpu_ns"]) + ns(&b["on_cpu_ns"])) / 1000
         );
-        if waiting * 10 >= ns(&p["duration_ns"]) * 8 {
-            waiting_pauses.push(p);
+        total += duration;
+        waiting_total += waiting;
+        if waiting * 10 >= duration * 8 {
+            mostly_waiting += 1;
         }
     }
     assert!(
-        waiting_pauses.len() * 10 >= slow.len() * 8,
-        "only {} of {} pauses of 5 ms or more were at least 80% waiting to run: {:?}",
-        waiting_pauses.len(),
+        mostly_waiting >= 3 && waiting_total * 10 >= total * 8,
+        "{mostly_waiting} of {} pauses of 5 ms or more were at least 80% waiting to run, \
+         and {} of their {} us in all: {:?}",
         slow.len(),
+        waiting_total / 1000,
+        total / 1000,
         slow.iter().map(|p| &p["breakdown"]).collect::<Vec<_>>()
     );
 }
