@@ -96,6 +96,12 @@ pub struct Laggard {
     /// on the thread (preempted, or in a fault or syscall), in
     /// `PAUSE_STACKS`; negative: none.
     pub user_stack_id: i32,
+    /// Its user stack at the last sample of the laggard sampler that found
+    /// it on a CPU while the world was stopping (the code that kept it from
+    /// stopping), in `PAUSE_STACKS`; negative: none.
+    pub held_stack_id: i32,
+    /// Samples that found it on a CPU while the world was stopping.
+    pub held_samples: u32,
     /// Its goroutine's id (0 unknown), and that goroutine's saved stack
     /// when it left the thread (`LAGGARD_FRAMES` set).
     pub goid: u64,
@@ -105,7 +111,7 @@ pub struct Laggard {
 }
 assert_size!(
     Laggard,
-    8 + 8 + 16 + 8 + 16 + 8 + 8 + 8 + 8 * LAGGARD_FRAMES
+    8 + 8 + 16 + 8 + 16 + 8 + 8 + 8 + 8 + 8 * LAGGARD_FRAMES
 );
 
 impl Laggard {
@@ -226,7 +232,7 @@ assert_size!(
         + 40
         + (16 * PHASES + 24)
         + 48
-        + LAGGARDS * (80 + 8 * LAGGARD_FRAMES)
+        + LAGGARDS * (88 + 8 * LAGGARD_FRAMES)
         + 24 * CANDIDATES
 );
 
@@ -246,6 +252,8 @@ const NO_LAGGARD: Laggard = Laggard {
     },
     out_state: 0,
     user_stack_id: -1,
+    held_stack_id: -1,
+    held_samples: 0,
     goid: 0,
     nframes: 0,
     _pad: 0,
@@ -362,6 +370,12 @@ pub const SCHED_PROGRAMS: &[(&str, &str, &str)] = &[
     ("explain_switch", "sched", "sched_switch"),
     ("explain_waking", "sched", "sched_waking"),
 ];
+/// The CPU-clock program that takes the laggards' stacks while they hold a
+/// stop (one perf event per CPU, attached with `SCHED_PROGRAMS`).
+pub const LAGGARD_SAMPLER: &str = "laggard_sample";
+/// Its period: every millisecond of each CPU's time, so a laggard that
+/// holds a stop 1 ms on a CPU is sampled at least once.
+pub const LAGGARD_SAMPLE_PERIOD_NS: u64 = 1_000_000;
 /// The `sched_switch` program of `SCHED_PROGRAMS`.
 pub const EXPLAIN_SWITCH: &str = "explain_switch";
 /// The one program on `sched:sched_switch` that does the work of both

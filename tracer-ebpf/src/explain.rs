@@ -387,6 +387,7 @@ pub fn laggard_slot(d: &mut PauseDetail, tid: u32) -> usize {
     d.laggards[slot] = Laggard {
         tid,
         user_stack_id: -1,
+        held_stack_id: -1,
         ..Laggard::default()
     };
     slot

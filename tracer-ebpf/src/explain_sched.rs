@@ -119,7 +119,7 @@ pub fn explain_waking(ctx: TracePointContext) -> u32 {
 
 /// The detail of an open window of `tgid`.
 #[inline(always)]
-fn open_detail(tgid: u32) -> Option<&'static mut PauseDetail> {
+pub(crate) fn open_detail(tgid: u32) -> Option<&'static mut PauseDetail> {
     let d = PAUSE_DETAILS.get_ptr_mut(tgid)?;
     // SAFETY: a pointer into the map's value; only this process's probes
     // and threads touch it, and a torn update skews one pause's figures.
@@ -283,14 +283,15 @@ fn follow_out(
     }
 }
 
-/// Whether `tid` has a laggard slot in `d`.
+/// Whether `tid` has a laggard slot in `d` with a switch-out (the laggard
+/// sampler's slots may have none yet).
 #[inline(always)]
 fn has_slot(d: &PauseDetail, tid: u32) -> bool {
     for i in 0..LAGGARDS {
         if i >= d.nlaggards as usize {
             break;
         }
-        if d.laggards[i].tid == tid {
+        if d.laggards[i].tid == tid && d.laggards[i].last_out_ns != 0 {
             return true;
         }
     }
@@ -340,7 +341,7 @@ fn stopper_off_now(d: &PauseDetail, t: u64) -> OffCpu {
 /// `(m, g)` of `tid` if the M list had it running a goroutine, else
 /// `(0, 0)`.
 #[inline(always)]
-fn candidate(d: &PauseDetail, tid: u32) -> (u64, u64) {
+pub(crate) fn candidate(d: &PauseDetail, tid: u32) -> (u64, u64) {
     for i in 0..CANDIDATES {
         if i >= d.ncandidates as usize {
             break;

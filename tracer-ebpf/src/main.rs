@@ -10,6 +10,7 @@
 
 mod compat;
 mod explain;
+mod explain_sample;
 mod explain_sched;
 mod fault;
 mod fault_kprobe;

@@ -34,12 +34,22 @@ func main() {
 	marks := flag.Bool("marks", false, "print GOSTW_WORK begin/end lines around the timed work (for benchmarks)")
 	spinners := flag.Int("spinners", 0, "goroutines spinning in loops with no safe point (with GODEBUG=asyncpreemptoff=1 they delay every stop)")
 	spinChunk := flag.Duration("spin-chunk", 20*time.Millisecond, "how long each spinner's loop runs between safe points")
+	spinIn := flag.String("spin-in", "spinner", "the spinners' code: spinner (main.spinner, main.spinLoop) or other (main.otherSpinner, main.otherSpinLoop, the same loop under other names)")
 	interval := flag.Duration("interval", 0, "sleep this long between rounds")
 	flag.Parse()
 	if *spinners > 0 {
 		n := spinIterations(*spinChunk)
+		spin := spinner
+		switch *spinIn {
+		case "spinner":
+		case "other":
+			spin = otherSpinner
+		default:
+			fmt.Fprintf(os.Stderr, "-spin-in %q: want spinner or other\n", *spinIn)
+			os.Exit(2)
+		}
 		for i := 0; i < *spinners; i++ {
-			go spinner(n)
+			go spin(n)
 		}
 	}
 
@@ -134,6 +144,27 @@ func checkpoint(x int) {
 func spinner(n int) {
 	for {
 		checkpoint(spinLoop(n))
+	}
+}
+
+// otherSpinLoop is spinLoop under another name (the laggard tests'
+// control: gostw must name this code, not spinLoop's).
+//
+//go:noinline
+func otherSpinLoop(n int) int {
+	x := 0
+	for i := 0; i < n; i++ {
+		x += i ^ (x >> 3)
+	}
+	return x
+}
+
+// otherSpinner is spinner under another name, spinning in otherSpinLoop.
+//
+//go:noinline
+func otherSpinner(n int) {
+	for {
+		checkpoint(otherSpinLoop(n))
 	}
 }
 

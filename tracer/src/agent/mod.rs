@@ -57,12 +57,16 @@ pub struct Args {
     /// container label "_overflow".
     #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_label_sets: u32,
-    /// Read Go's stopping phase of every pause (Go 1.22+). Off by default:
-    /// its probe fires inside every pause of every traced process and adds
-    /// its own latency to it (docs/guide/attach-and-run.md, "Stopping phase"). Also
-    /// explains
-    /// each pause (the breakdown series need the stopping phase).
+    /// Do not explain pauses: no stopping phase (Go 1.22+), laggards,
+    /// callers or breakdown, and no scheduler programs. The explanation is
+    /// on by default: the stopping probe lengthens every pause by about
+    /// 0.8 us (docs/guide/attach-and-run.md, "Stopping phase"), and what
+    /// makes a slow pause slow is known only if it was gathered then.
     #[arg(long)]
+    pub no_explain: bool,
+    /// The default since the explanation is on by default; kept so that
+    /// existing command lines still parse.
+    #[arg(long, hide = true, conflicts_with = "no_explain")]
     pub stopping: bool,
     /// How often each traced process's memory exposure is read for
     /// gostw_process_memory_bytes (first at once; 0: never; else at least
@@ -92,8 +96,8 @@ pub const SAMPLE_HZ: u64 = 99;
 
 /// What the agent traces: pauses, faults (auto backend), sampled stack
 /// growth, and Go's stopping phase and the pauses' explanation if
-/// `stopping`.
-pub fn core_options(stopping: bool) -> CoreOptions {
+/// `explain`.
+pub fn core_options(explain: bool) -> CoreOptions {
     CoreOptions {
         faults: Some(FaultSource::Auto),
         stacks: Some(StackGrowthOptions {
@@ -101,10 +105,9 @@ pub fn core_options(stopping: bool) -> CoreOptions {
             sample_hz: SAMPLE_HZ,
             ..StackGrowthOptions::default()
         }),
-        stopping,
-        // The breakdown needs the stopping phase; the callers and laggards
-        // alone are no bounded labels.
-        explain: stopping,
+        // The breakdown needs the stopping phase.
+        stopping: explain,
+        explain,
     }
 }
 
@@ -118,7 +121,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         max_label_sets: args.max_label_sets as usize,
         ..Limits::default()
     };
-    let mut engine = Engine::new(core_options(args.stopping), limits)?;
+    let mut engine = Engine::new(core_options(!args.no_explain), limits)?;
     if !args.exposure_every.is_zero() {
         engine.watch_exposure(args.exposure_every, false);
     }

@@ -118,6 +118,7 @@ fn laggard(
     .map_or(LaggardStateName::OnCpu, |(s, _)| s);
     let frames = match (state, mine.first()) {
         (LaggardStateName::Fault, Some(f)) => f.stack.to_vec(),
+        _ if !l.held.is_empty() => l.held.clone(),
         _ => l.frames.clone(),
     };
     let rec = LaggardRecord {
@@ -131,6 +132,8 @@ fn laggard(
         running_goroutine: l.flags & Laggard::CANDIDATE != 0,
         goid: (l.goid != 0).then_some(l.goid),
         frames,
+        held_samples: l.held_samples,
+        stopped_at: l.frames.clone(),
     };
     (rec, until, l.stopper_off_at_out)
 }
@@ -206,6 +209,8 @@ mod tests {
             stopper_off_at_out: OffCpu::default(),
             goid: 7,
             frames: vec![Frame::unknown(0x99)],
+            held: Vec::new(),
+            held_samples: 0,
         }
     }
 
@@ -278,5 +283,35 @@ mod tests {
         assert!(rec.breakdown.is_none());
         let l = &rec.laggards.as_ref().unwrap()[0];
         assert_eq!((l.ns, l.runnable_ns, l.on_cpu_ns), (4 * MS, MS, 3 * MS));
+    }
+
+    /// A sampled laggard's frames are the code it ran while the world
+    /// waited; where it stopped stays apart. A laggard in a fault keeps the
+    /// faulting code, sampled or not.
+    #[test]
+    fn a_sampled_laggard_is_the_code_it_ran_and_where_it_stopped_is_apart() {
+        let sampled = |tid: u32, out: u64, off: (u64, u64)| RawLaggard {
+            held: vec![Frame::unknown(0x42)],
+            held_samples: 3,
+            ..raw(tid, out, off)
+        };
+        let mut rec = record(1, 100 * MS, 10 * MS);
+        rec.stopping_ns = Some(8 * MS);
+        rec.explain_input = Some(Box::new(ExplainInput {
+            sched: true,
+            restart_ns: None,
+            stopper: StopperTime::default(),
+            laggards: vec![sampled(2, 107 * MS, (0, 0)), sampled(3, 106 * MS, (0, 0))],
+            laggards_dropped: 0,
+        }));
+        let faults = [fault(3, 101 * MS, 106 * MS, 5 * MS)];
+        complete(&mut rec, &faults);
+        let l = rec.laggards.as_ref().unwrap();
+        assert_eq!((l[0].tid, l[0].state), (2, LaggardStateName::OnCpu));
+        assert_eq!(l[0].frames, vec![Frame::unknown(0x42)]);
+        assert_eq!(l[0].held_samples, 3);
+        assert_eq!(l[0].stopped_at, vec![Frame::unknown(0x99)]);
+        assert_eq!((l[1].tid, l[1].state), (3, LaggardStateName::Fault));
+        assert_eq!(l[1].frames, vec![Frame::unknown(0x1234)]);
     }
 }

@@ -24,6 +24,10 @@ pub struct RawLaggard {
     /// Its goroutine's saved stack when it left the thread, else the
     /// thread's user stack at its last switch-out.
     pub frames: Vec<Frame>,
+    /// Its user stack at the laggard sampler's last sample of it while the
+    /// world was stopping (empty: never sampled), and how many samples.
+    pub held: Vec<Frame>,
+    pub held_samples: u32,
 }
 
 /// What the kernel gathered for one pause (`PauseDetail`), for
@@ -68,7 +72,14 @@ pub struct LaggardRecord {
     pub running_goroutine: bool,
     /// That goroutine's id, if read.
     pub goid: Option<u64>,
-    /// What it was running, innermost first: its goroutine's stack where it
-    /// stopped, the faulting code for `fault`, else its user stack.
+    /// The code that kept it from stopping, innermost first: the faulting
+    /// code for `fault`; else its user stack when the laggard sampler last
+    /// found it on a CPU while the world was stopping; else `stopped_at`.
     pub frames: Vec<Frame>,
+    /// Samples that found it on a CPU while the world was stopping (one per
+    /// millisecond of CPU time; 0: `frames` are not a sample).
+    pub held_samples: u32,
+    /// Where it stopped: its goroutine's stack when it left the thread, else
+    /// its thread's user stack at its last switch-out.
+    pub stopped_at: Vec<Frame>,
 }

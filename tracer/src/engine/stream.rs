@@ -184,6 +184,8 @@ impl Stream {
                 stopper_off_at_out: l.stopper_off_at_out,
                 goid: l.goid,
                 frames: self.laggard_frames(image, l),
+                held: self.user_stack(image, l.held_stack_id),
+                held_samples: l.held_samples,
             })
             .collect();
         ExplainInput {
@@ -210,8 +212,13 @@ impl Stream {
             }
             return image.return_stack(&rets, caller::MAX_FRAMES);
         }
-        match (&self.pause_stacks, l.user_stack_id) {
-            (Some(stacks), id) if id >= 0 => {
+        self.user_stack(Some(image), l.user_stack_id)
+    }
+
+    /// The frames of a user stack in `PAUSE_STACKS` (negative id: none).
+    fn user_stack(&self, image: Option<&ProcessImage>, id: i32) -> Vec<Frame> {
+        match (image, &self.pause_stacks) {
+            (Some(image), Some(stacks)) if id >= 0 => {
                 image.stack(&stacks.addresses(id as u32), caller::MAX_FRAMES)
             }
             _ => Vec::new(),

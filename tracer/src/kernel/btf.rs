@@ -5,8 +5,6 @@
 //! of the BTF format (header, type section, string section;
 //! `Documentation/bpf/btf.rst`): aya keeps its own parser's lookups private.
 
-use std::collections::HashMap;
-
 /// Where the kernel's BTF is.
 pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
@@ -33,19 +31,28 @@ pub enum BtfError {
     Missing(String),
 }
 
-/// One type: kind, name, size-or-type, and its members (structs/unions).
-struct Type {
-    kind: u32,
-    name: String,
-    size_or_type: u32,
-    /// (name, member type, offset in bits).
-    members: Vec<(String, u32, u32)>,
+/// The types of a BTF blob, read in place: the blob and where each type's
+/// record starts. Names are resolved only on a lookup, so reading the
+/// kernel's 5 MB of BTF costs its bytes and 4 bytes a type, all freed with
+/// the `Btf` (a parse into owned names and member lists took about 20 MB,
+/// which stayed resident in the agent).
+pub struct Btf {
+    data: Vec<u8>,
+    /// Start of the string section in `data`, and its end.
+    strings: (usize, usize),
+    /// Where each type's record starts in `data`, by id (id 0 is void).
+    at: Vec<u32>,
 }
 
-/// The types of a BTF blob, by id (id 0 is void).
-pub struct Btf {
-    types: Vec<Type>,
-    by_name: HashMap<String, u32>,
+/// One type's record as read: kind, name, size-or-type, and where its
+/// members are (structs/unions).
+struct Type<'a> {
+    kind: u32,
+    name: &'a [u8],
+    size_or_type: u32,
+    vlen: usize,
+    bitfields: bool,
+    members_at: usize,
 }
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
@@ -53,94 +60,111 @@ fn u32_at(b: &[u8], at: usize) -> Option<u32> {
 }
 
 impl Btf {
-    /// Parse a little-endian BTF blob.
-    pub fn parse(data: &[u8]) -> Result<Btf, BtfError> {
+    /// Read a little-endian BTF blob.
+    pub fn parse(data: Vec<u8>) -> Result<Btf, BtfError> {
         let magic = u16::from_le_bytes(data.get(0..2).ok_or(BtfError::Header)?.try_into().unwrap());
-        let hdr_len = u32_at(data, 4).ok_or(BtfError::Header)? as usize;
-        let field = |at| u32_at(data, at).map(|v| v as usize).ok_or(BtfError::Header);
+        let hdr_len = u32_at(&data, 4).ok_or(BtfError::Header)? as usize;
+        let field = |at| {
+            u32_at(&data, at)
+                .map(|v| v as usize)
+                .ok_or(BtfError::Header)
+        };
         let (type_off, type_len, str_off, str_len) =
             (field(8)?, field(12)?, field(16)?, field(20)?);
         if magic != MAGIC {
             return Err(BtfError::Header);
         }
         let section = |off: usize, len: usize| {
-            data.get(hdr_len + off..hdr_len + off + len)
+            let start = hdr_len + off;
+            (start + len <= data.len())
+                .then_some((start, start + len))
                 .ok_or(BtfError::Header)
         };
-        let (types_b, strings) = (section(type_off, type_len)?, section(str_off, str_len)?);
-        let name = |off: u32| -> String {
-            strings
-                .get(off as usize..)
-                .and_then(|s| s.split(|&c| c == 0).next())
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-                .unwrap_or_default()
-        };
-        let mut types = vec![Type {
-            kind: 0,
-            name: String::new(),
-            size_or_type: 0,
-            members: Vec::new(),
-        }];
-        let mut at = 0;
-        while at < types_b.len() {
-            let id = types.len() as u32;
+        let (types, strings) = (section(type_off, type_len)?, section(str_off, str_len)?);
+        let mut at = vec![0u32];
+        let mut pos = types.0;
+        while pos < types.1 {
+            let id = at.len() as u32;
             let bad = || BtfError::Type(id);
-            let (name_off, info, size_or_type) = (
-                u32_at(types_b, at).ok_or_else(bad)?,
-                u32_at(types_b, at + 4).ok_or_else(bad)?,
-                u32_at(types_b, at + 8).ok_or_else(bad)?,
-            );
-            at += 12;
-            let kind = (info >> 24) & 0x1f;
+            let info = u32_at(&data[..types.1], pos + 4).ok_or_else(bad)?;
+            u32_at(&data[..types.1], pos + 8).ok_or_else(bad)?;
+            at.push(u32::try_from(pos).map_err(|_| bad())?);
             let vlen = (info & 0xffff) as usize;
-            let bitfields = info >> 31 != 0;
-            let mut members = Vec::new();
-            at += match kind {
-                1 | 14 | 17 => 4, // int, var, decl tag
-                3 => 12,          // array
-                4 | 5 => {
-                    for i in 0..vlen {
-                        let m = at + i * 12;
-                        let off = u32_at(types_b, m + 8).ok_or_else(bad)?;
-                        members.push((
-                            name(u32_at(types_b, m).ok_or_else(bad)?),
-                            u32_at(types_b, m + 4).ok_or_else(bad)?,
-                            if bitfields { off & 0xff_ffff } else { off },
-                        ));
-                    }
-                    vlen * 12
-                }
-                6 | 13 => vlen * 8,        // enum, func proto
-                15 | 19 => vlen * 12,      // datasec, enum64
-                2 | 7..=12 | 16 | 18 => 0, // ptr, fwd, typedef.., func, float, type tag
-                _ => return Err(bad()),
-            };
-            types.push(Type {
-                kind,
-                name: name(name_off),
-                size_or_type,
-                members,
-            });
+            pos += 12
+                + match (info >> 24) & 0x1f {
+                    1 | 14 | 17 => 4, // int, var, decl tag
+                    3 => 12,          // array
+                    KIND_STRUCT | KIND_UNION => vlen * 12,
+                    6 | 13 => vlen * 8,        // enum, func proto
+                    15 | 19 => vlen * 12,      // datasec, enum64
+                    2 | 7..=12 | 16 | 18 => 0, // ptr, fwd, typedef.., func, float, type tag
+                    _ => return Err(bad()),
+                };
+            if pos > types.1 {
+                return Err(bad());
+            }
         }
-        let by_name = types
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| matches!(t.kind, KIND_STRUCT | KIND_UNION) && !t.name.is_empty())
-            .map(|(i, t)| (t.name.clone(), i as u32))
-            .collect();
-        Ok(Btf { types, by_name })
+        Ok(Btf { data, strings, at })
     }
 
     /// The running kernel's BTF.
     pub fn vmlinux() -> anyhow::Result<Btf> {
-        let data = std::fs::read(VMLINUX)?;
-        Ok(Btf::parse(&data)?)
+        Ok(Btf::parse(std::fs::read(VMLINUX)?)?)
+    }
+
+    /// The name at offset `off` of the string section.
+    fn name(&self, off: u32) -> &[u8] {
+        self.data[self.strings.0..self.strings.1]
+            .get(off as usize..)
+            .and_then(|s| s.split(|&c| c == 0).next())
+            .unwrap_or_default()
+    }
+
+    /// Type `id`'s record (its bounds were checked by `parse`).
+    fn ty(&self, id: u32) -> Option<Type<'_>> {
+        let pos = *self.at.get(id as usize)? as usize;
+        if id == 0 {
+            return None;
+        }
+        let info = u32_at(&self.data, pos + 4)?;
+        Some(Type {
+            kind: (info >> 24) & 0x1f,
+            name: self.name(u32_at(&self.data, pos)?),
+            size_or_type: u32_at(&self.data, pos + 8)?,
+            vlen: (info & 0xffff) as usize,
+            bitfields: info >> 31 != 0,
+            members_at: pos + 12,
+        })
+    }
+
+    /// A struct's or union's members: (name, type, bit offset).
+    fn members<'a>(&'a self, t: &Type<'a>) -> impl Iterator<Item = (&'a [u8], u32, u32)> + 'a {
+        let (n, at, bitfields) = match t.kind {
+            KIND_STRUCT | KIND_UNION => (t.vlen, t.members_at, t.bitfields),
+            _ => (0, 0, false),
+        };
+        (0..n).filter_map(move |i| {
+            let m = at + i * 12;
+            let off = u32_at(&self.data, m + 8)?;
+            Some((
+                self.name(u32_at(&self.data, m)?),
+                u32_at(&self.data, m + 4)?,
+                if bitfields { off & 0xff_ffff } else { off },
+            ))
+        })
+    }
+
+    /// The named struct or union `name` (the first of that name).
+    fn named(&self, name: &str) -> Option<Type<'_>> {
+        (1..self.at.len() as u32)
+            .filter_map(|id| self.ty(id))
+            .find(|t| matches!(t.kind, KIND_STRUCT | KIND_UNION) && t.name == name.as_bytes())
     }
 
     /// The struct a type id names, through typedefs and qualifiers.
-    fn resolve(&self, mut id: u32) -> Option<&Type> {
+    fn resolve(&self, mut id: u32) -> Option<Type<'_>> {
         for _ in 0..16 {
-            let t = self.types.get(id as usize)?;
+            let t = self.ty(id)?;
             if QUALIFIERS.contains(&t.kind) {
                 id = t.size_or_type;
                 continue;
@@ -154,14 +178,10 @@ impl Btf {
     /// struct `name`, through nested structs (and anonymous members).
     pub fn offset(&self, name: &str, path: &[&str]) -> Result<u32, BtfError> {
         let missing = || BtfError::Missing(format!("{name}.{}", path.join(".")));
-        let mut t = self
-            .by_name
-            .get(name)
-            .and_then(|&id| self.types.get(id as usize))
-            .ok_or_else(missing)?;
+        let mut t = self.named(name).ok_or_else(missing)?;
         let mut bits = 0;
         for member in path {
-            let (off, ty) = self.find(t, member).ok_or_else(missing)?;
+            let (off, ty) = self.find(&t, member.as_bytes()).ok_or_else(missing)?;
             bits += off;
             t = self.resolve(ty).ok_or_else(missing)?;
         }
@@ -170,23 +190,21 @@ impl Btf {
 
     /// Size in bytes of struct `name`.
     pub fn size(&self, name: &str) -> Result<u32, BtfError> {
-        self.by_name
-            .get(name)
-            .and_then(|&id| self.types.get(id as usize))
+        self.named(name)
             .filter(|t| t.kind == KIND_STRUCT)
             .map(|t| t.size_or_type)
             .ok_or_else(|| BtfError::Missing(format!("struct {name}")))
     }
 
     /// A member's bit offset and type, looking into anonymous members.
-    fn find(&self, t: &Type, member: &str) -> Option<(u32, u32)> {
-        for (n, ty, off) in &t.members {
+    fn find(&self, t: &Type<'_>, member: &[u8]) -> Option<(u32, u32)> {
+        for (n, ty, off) in self.members(t) {
             if n == member {
-                return Some((*off, *ty));
+                return Some((off, ty));
             }
             if n.is_empty()
-                && let Some(inner) = self.resolve(*ty)
-                && let Some((o, ty)) = self.find(inner, member)
+                && let Some(inner) = self.resolve(ty)
+                && let Some((o, ty)) = self.find(&inner, member)
             {
                 return Some((off + o, ty));
             }
@@ -242,10 +260,10 @@ mod tests {
 
     #[test]
     fn nested_and_anonymous_members_add_up() {
-        let btf = Btf::parse(&blob()).unwrap();
+        let btf = Btf::parse(blob()).unwrap();
         assert_eq!(btf.offset("b", &["y"]), Ok(8));
         assert_eq!(btf.offset("a", &["inner", "y"]), Ok(16));
         assert!(matches!(btf.offset("a", &["z"]), Err(BtfError::Missing(_))));
-        assert_eq!(Btf::parse(&[0u8; 30]).err(), Some(BtfError::Header));
+        assert_eq!(Btf::parse(vec![0u8; 30]).err(), Some(BtfError::Header));
     }
 }

@@ -6,10 +6,18 @@
 use anyhow::Context as _;
 use aya::{
     maps::HashMap,
-    programs::{TracePoint, trace_point::TracePointLinkId},
+    programs::{
+        PerfEvent, TracePoint,
+        perf_event::{
+            PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
+        },
+        trace_point::TracePointLinkId,
+    },
 };
 use tracer_common::{
-    explain::{EXPLAIN_SWITCH, PauseDetail, SCHED_PROGRAMS},
+    explain::{
+        EXPLAIN_SWITCH, LAGGARD_SAMPLE_PERIOD_NS, LAGGARD_SAMPLER, PauseDetail, SCHED_PROGRAMS,
+    },
     map_names,
     process::ExplainRuntime,
 };
@@ -79,9 +87,10 @@ pub fn forget(object: &mut Object, tgid: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The attached scheduler programs.
+/// The attached scheduler programs and the laggard sampler.
 pub struct SchedHooks {
     links: Vec<(&'static str, TracePointLinkId)>,
+    sampler: Vec<PerfEventLinkId>,
 }
 
 impl SchedHooks {
@@ -90,7 +99,10 @@ impl SchedHooks {
     /// its work).
     pub fn attach(object: &mut Object, switch_attached: bool) -> anyhow::Result<SchedHooks> {
         ensure_tracefs()?;
-        let mut hooks = SchedHooks { links: Vec::new() };
+        let mut hooks = SchedHooks {
+            links: Vec::new(),
+            sampler: Vec::new(),
+        };
         for &(name, category, event) in SCHED_PROGRAMS {
             if switch_attached && name == EXPLAIN_SWITCH {
                 continue;
@@ -107,7 +119,51 @@ impl SchedHooks {
                 }
             }
         }
+        // Without it a laggard's frames are where it stopped, not what it
+        // ran while the world waited: worse, not wrong.
+        if let Err(e) = hooks.attach_sampler(object) {
+            log::warn!(
+                "laggards' code while they hold a stop is not sampled (their frames are where \
+                 they stopped): {e:#}"
+            );
+            hooks.detach_sampler(object);
+        }
         Ok(hooks)
+    }
+
+    /// The laggard sampler on every online CPU.
+    fn attach_sampler(&mut self, object: &mut Object) -> anyhow::Result<()> {
+        let prog = object.program::<PerfEvent>(LAGGARD_SAMPLER)?;
+        let cpus =
+            aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("reading {what}: {e}"))?;
+        for cpu in cpus {
+            let link = prog
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Period(LAGGARD_SAMPLE_PERIOD_NS),
+                    false,
+                )
+                .with_context(|| format!("opening {LAGGARD_SAMPLER} on CPU {cpu}"))?;
+            self.sampler.push(link);
+        }
+        Ok(())
+    }
+
+    /// Whether the laggard sampler runs.
+    pub fn sampling(&self) -> bool {
+        !self.sampler.is_empty()
+    }
+
+    fn detach_sampler(&mut self, object: &mut Object) {
+        for link in self.sampler.drain(..) {
+            if let Err(e) = object
+                .program::<PerfEvent>(LAGGARD_SAMPLER)
+                .and_then(|p| Ok(p.detach(link)?))
+            {
+                log::warn!("detaching {LAGGARD_SAMPLER}: {e:#}");
+            }
+        }
     }
 
     /// Whether program `name` is attached.
@@ -117,7 +173,8 @@ impl SchedHooks {
 
     /// Detach them (errors are logged: the kernel drops what is left when
     /// gostw exits).
-    pub fn detach(self, object: &mut Object) {
+    pub fn detach(mut self, object: &mut Object) {
+        self.detach_sampler(object);
         for (name, link) in self.links {
             if let Err(e) = object
                 .program::<TracePoint>(name)

@@ -177,7 +177,9 @@ fn full_pause(pid: u32) -> ObservedPause {
         blocked_ns: 0,
         running_goroutine: true,
         goid: Some(12),
-        frames: vec![frame("main.spinner")],
+        frames: vec![frame("main.spinLoop")],
+        held_samples: 4,
+        stopped_at: vec![frame("main.spinner")],
     }]);
     r.breakdown = Some(Box::new(Breakdown::default()));
     let swap = FaultTotals {

@@ -11,22 +11,20 @@ use std::{
     process::Command,
 };
 
-use serde_json::json;
 use tracer::{
     binary::{Frame, GoBinary},
     engine::{
-        fault::{Fault, FaultKind},
+        fault::Fault,
+        observed::{Membership, Observed, ObservedPause},
         pause::PauseRecord,
     },
     formats::{
         pprof::{self, Location, MappingInfo},
-        profiles::{
-            self, Backing, FaultPause, FaultRecord, GrowthRecord, ProfileInfo, StackGrowthMode,
-            faults_profile,
-        },
-        timeline::{TimelineWriter, Track},
+        profiles::{self, GrowthRecord, ProfileInfo, ProfileKind, StackGrowthMode},
     },
     image::ExecutableImage,
+    sink::{Sink as _, profile::ProfileFiles, timeline::TimelineSink},
+    stackgrowth::Mode,
 };
 
 use crate::{
@@ -163,14 +161,19 @@ pub fn top_rows(top: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Writes `bytes` to target/formats-test/NAME, kept for a look afterwards.
-pub fn write_output(name: &str, bytes: &[u8]) -> PathBuf {
+/// target/formats-test/NAME, where outputs are kept for a look afterwards.
+fn output_path(name: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap()
         .join("target/formats-test");
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
+    dir.join(name)
+}
+
+/// Writes `bytes` to target/formats-test/NAME.
+pub fn write_output(name: &str, bytes: &[u8]) -> PathBuf {
+    let path = output_path(name);
     std::fs::write(&path, bytes).unwrap();
     path
 }
@@ -304,93 +307,88 @@ fn inlined_frames_and_build_id(go: &GoToolchain) {
     assert!(stack[3].starts_with("main.runBatch."), "{traces}");
 }
 
-/// The page-out scenario's real pauses and faults (`faults::
-/// pageout_pauses_fault_on_gc_metadata` calls this) as a timeline and a
-/// fault profile: the timeline holds one complete event per pause record
-/// with the record's start and duration, one slice per fault; `go tool
-/// pprof -top` of the in-pause faults lists runtime GC frames. The files
-/// stay in target/formats-test (the book's pictures are of them).
-pub fn check_pageout_outputs(go: &GoToolchain, pid: u32, pauses: &[PauseRecord], faults: &[Fault]) {
-    let pauses: Vec<&PauseRecord> = pauses.iter().filter(|p| p.pid == pid).collect();
-    let faults: Vec<&Fault> = faults.iter().filter(|f| f.tgid == pid).collect();
-    assert!(!pauses.is_empty() && !faults.is_empty(), "nothing traced");
-    // A fault is in the pause it begins in (its end when the begin is unknown).
-    let pause_of = |f: &Fault| {
-        let at = if f.begin_ns == 0 {
-            f.end_ns
-        } else {
-            f.begin_ns
-        };
-        pauses
-            .iter()
-            .find(|p| (p.start_mono_ns..p.start_mono_ns + p.duration_ns).contains(&at))
-    };
-    let backing = |f: &Fault| match f.kind {
-        FaultKind::SwapIn => Backing::Swap,
-        FaultKind::FileBacked => Backing::File,
-        FaultKind::Unknown => Backing::Unknown,
-    };
-
-    let mut t = TimelineWriter::new(Vec::new()).unwrap();
-    t.process(pid, "gcswap (page-out scenario)").unwrap();
-    t.other_data("go_version", json!(go.version));
-    for p in &pauses {
-        let inside: Vec<&&Fault> = faults
-            .iter()
-            .filter(|f| pause_of(f).is_some_and(|q| std::ptr::eq(*q, *p)))
-            .collect();
-        let args = json!({
-            "reason": p.reason,
-            "duration_source": p.duration_source,
-            "go_duration_ns": p.go_duration_ns,
-            "window_ns": p.window_ns,
-            "stopping_tid": p.tid,
-            "major_faults": inside.len(),
-            "fault_ns": inside.iter().map(|f| f.duration_ns()).sum::<u64>(),
-            "stopper_faults": inside.iter().filter(|f| f.tid == p.tid).count(),
-        });
-        t.pause(
-            pid,
-            p.stw_reason().name(),
-            p.start_mono_ns,
-            p.duration_ns,
-            &args,
-        )
-        .unwrap();
-    }
-    let timed: Vec<&&Fault> = faults.iter().filter(|f| f.begin_ns != 0).collect();
-    for f in &timed {
-        t.thread(pid, f.tid, &format!("thread {}", f.tid)).unwrap();
-        let args = json!({
-            "address": format!("{:#x}", f.address),
-            "blocked_ns": f.blocked_ns,
-            "wait_own_ns": f.wait_own_ns,
-            "wait_other_ns": f.wait_other_ns,
-            "in_pause": pause_of(f).is_some(),
-            "site": f.site(),
-            "stack": &*f.stack,
-        });
-        let name = format!("major fault ({})", backing(f).label());
-        t.slice(
-            Track::thread(pid, f.tid),
-            "fault",
-            &name,
-            f.begin_ns,
-            f.duration_ns(),
-            &args,
-        )
-        .unwrap();
-    }
-    let json_bytes = t.finish().unwrap();
-    write_output(
-        &format!("pageout-{}.timeline.json", go.version),
-        &json_bytes,
+/// The page-out scenario's engine stream (`faults::
+/// pageout_pauses_fault_on_gc_metadata` calls this) replayed into the
+/// `--timeline` and `--pprof` sinks. First the engine's pause membership is
+/// checked against its rule, from the records' own times: a fault is in the
+/// pause its begin (its end when the begin is unknown) falls in. Then the
+/// sinks against the engine: one complete event per pause record with the
+/// record's start and duration, one event per fault marked `in_pause` as the
+/// engine decided; `go tool pprof` of the fault profile counts in pauses
+/// exactly the faults the engine put in pauses, with runtime GC frames on
+/// top. The files stay in target/formats-test (the book's pictures are of
+/// them).
+pub fn check_pageout_outputs(go: &GoToolchain, pid: u32, observed: &[Observed]) {
+    let pauses: Vec<&ObservedPause> = observed
+        .iter()
+        .filter_map(|o| match o {
+            Observed::Pause(p) if p.record.pid == pid => Some(&**p),
+            _ => None,
+        })
+        .collect();
+    let others: Vec<(&Fault, Membership)> = observed
+        .iter()
+        .filter_map(|o| match o {
+            Observed::Fault(f, m) if f.tgid == pid => Some((f, *m)),
+            _ => None,
+        })
+        .collect();
+    let recorded: usize = pauses.iter().map(|p| p.faults.len()).sum();
+    let late = others
+        .iter()
+        .filter(|(_, m)| *m == Membership::LateInPause)
+        .count();
+    let (in_pause, total) = (recorded + late, recorded + others.len());
+    assert!(
+        !pauses.is_empty() && in_pause > 0,
+        "nothing traced in pauses"
     );
-    let v: serde_json::Value = serde_json::from_slice(&json_bytes).unwrap();
+    let window = |p: &PauseRecord| p.start_mono_ns..p.start_mono_ns + p.duration_ns;
+    for p in &pauses {
+        for f in &p.faults {
+            assert!(
+                window(&p.record).contains(&f.at_ns()),
+                "a fault in the record of a pause it did not begin in: {f:?} {:?}",
+                p.record
+            );
+        }
+    }
+    for (f, m) in &others {
+        let inside = pauses
+            .iter()
+            .any(|p| window(&p.record).contains(&f.at_ns()));
+        assert_eq!(
+            inside,
+            *m == Membership::LateInPause,
+            "membership {m:?} of a fault that began {} a pause: {f:?}",
+            if inside { "inside" } else { "outside" }
+        );
+    }
+
+    let timeline_path = output_path(&format!("pageout-{}.timeline.json", go.version));
+    let file = std::fs::File::create(&timeline_path).unwrap();
+    let mut timeline = TimelineSink::new(Box::new(std::io::BufWriter::new(file))).unwrap();
+    let faults_path = output_path(&format!("pageout-{}.faults.pb.gz", go.version));
+    let mut profiles = ProfileFiles::create(
+        vec![(ProfileKind::Faults, faults_path.clone())],
+        Mode::Sampled,
+        99,
+        format!("gostw page-out scenario, Go {}", go.version),
+    )
+    .unwrap();
+    for o in observed {
+        timeline.observe(o);
+        profiles.observe(o);
+    }
+    timeline.finish().unwrap();
+    profiles.finish().unwrap();
+
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&timeline_path).unwrap()).unwrap();
     let events = v["traceEvents"].as_array().unwrap();
     let complete: Vec<&serde_json::Value> = events
         .iter()
-        .filter(|e| e["ph"] == "X" && e["cat"] == "pause")
+        .filter(|e| e["ph"] == "X" && e["cat"] == "pause" && e["pid"] == pid)
         .collect();
     assert_eq!(
         complete.len(),
@@ -399,44 +397,20 @@ pub fn check_pageout_outputs(go: &GoToolchain, pid: u32, pauses: &[PauseRecord],
     );
     let ns = |us: &serde_json::Value| (us.as_f64().unwrap() * 1000.0).round() as u64;
     for (e, p) in complete.iter().zip(&pauses) {
-        assert_eq!(ns(&e["ts"]), p.start_mono_ns, "{e}");
-        assert_eq!(ns(&e["dur"]), p.duration_ns, "{e}");
+        assert_eq!(ns(&e["ts"]), p.record.start_mono_ns, "{e}");
+        assert_eq!(ns(&e["dur"]), p.record.duration_ns, "{e}");
     }
-    let slices = events
+    let fault_events: Vec<&serde_json::Value> = events
         .iter()
-        .filter(|e| e["ph"] == "X" && e["cat"] == "fault")
-        .count();
-    assert_eq!(slices, timed.len(), "one slice per fault with a begin");
-
-    // The fault profile, as the --pprof sink and the agent build it.
-    let info = ProfileInfo {
-        // The main binary names the profile (its locations carry no
-        // address: the fault stacks come as names today).
-        main: Some(main_mapping(
-            &GoBinary::open(&build_workload("gcswap", go, "", &[])).unwrap(),
-        )),
-        comment: Some(format!("gostw page-out scenario, Go {}", go.version)),
-        ..ProfileInfo::default()
-    };
-    let stacks: Vec<Vec<Location>> = faults.iter().map(|f| locations_of(&f.stack)).collect();
-    let records: Vec<FaultRecord> = faults
-        .iter()
-        .zip(&stacks)
-        .map(|(f, stack)| FaultRecord {
-            stack,
-            duration_ns: f.duration_ns(),
-            backing: backing(f),
-            pause: pause_of(f).map(|p| FaultPause {
-                reason: p.reason,
-                by_stopper: p.tid == f.tid,
-            }),
-        })
+        .filter(|e| e["cat"] == "fault" && e["pid"] == pid)
         .collect();
-    let file = write_output(
-        &format!("pageout-{}.faults.pb.gz", go.version),
-        &faults_profile(&info, &records),
-    );
-    let in_pause = faults.iter().filter(|f| pause_of(f).is_some()).count();
+    assert_eq!(fault_events.len(), total, "one event per fault");
+    let marked = fault_events
+        .iter()
+        .filter(|e| e["args"]["in_pause"] == true)
+        .count();
+    assert_eq!(marked, in_pause, "faults marked in a pause");
+
     // -noinlines: charge inlined helpers (atomic loads) to the runtime
     // function they were inlined into, as the text report does;
     // -nodefraction=0: the focused faults are <1% of all, keep every node.
@@ -449,12 +423,12 @@ pub fn check_pageout_outputs(go: &GoToolchain, pid: u32, pauses: &[PauseRecord],
             "-sample_index=major_faults",
             "-tagfocus=in_pause=true",
         ],
-        &file,
+        &faults_path,
     );
     eprintln!("{top}");
     // pprof's total stays the whole profile; the focused part is shown.
     let shown = format!("Showing nodes accounting for {in_pause}, ");
-    let total = format!(" of {} total", faults.len());
+    let total = format!(" of {total} total");
     assert!(
         top.contains(&shown) && top.contains(&total),
         "wanted {shown:?} and {total:?}:\n{top}"
@@ -465,27 +439,6 @@ pub fn check_pageout_outputs(go: &GoToolchain, pid: u32, pauses: &[PauseRecord],
         rows.iter().any(|(_, f)| GC_FRAMES.contains(&f.as_str())),
         "no runtime GC frame in the in-pause fault profile:\n{top}"
     );
-    let top = pprof_tool(go, &["-top", "-sample_index=fault_time"], &file);
+    let top = pprof_tool(go, &["-top", "-sample_index=fault_time"], &faults_path);
     assert!(top.contains("Type: fault_time"), "{top}");
-}
-
-/// Locations of a symbolized stack (innermost first, inlined frames
-/// marked): each non-inlined frame closes a location holding the inlined
-/// ones before it. The fault stacks carry no addresses.
-fn locations_of(stack: &[Frame]) -> Vec<Location> {
-    let mut out = Vec::new();
-    let mut frames = Vec::new();
-    for f in stack {
-        frames.push(f.clone());
-        if !f.inlined {
-            out.push(Location {
-                address: 0,
-                frames: std::mem::take(&mut frames),
-            });
-        }
-    }
-    if !frames.is_empty() {
-        out.push(Location { address: 0, frames });
-    }
-    out
 }

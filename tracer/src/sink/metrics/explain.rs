@@ -3,7 +3,7 @@
 //! a part of the breakdown or a laggard state (fixed lists). Threads,
 //! functions and callers are not labels: they are in the pause records.
 //! The agent explains pauses when it reads the stopping phase
-//! (`--stopping`): the breakdown needs Go's `finishedStopping`.
+//! (not with `--no-explain`): the breakdown needs Go's `finishedStopping`.
 
 use std::{collections::BTreeSet, sync::atomic::AtomicU64};
 
@@ -68,7 +68,7 @@ impl ExplainMetrics {
     pub fn register(&self, r: &mut Registry) {
         r.register_with_unit(
             "pause_stopping",
-            "Stopping phase of each pause (Go's finishedStopping - startedStopping, Go 1.22+, with --stopping): the world being asked to stop",
+            "Stopping phase of each pause (Go's finishedStopping - startedStopping, Go 1.22+, not with --no-explain): the world being asked to stop",
             Unit::Seconds,
             self.stopping.clone(),
         );
@@ -240,6 +240,7 @@ mod tests {
             last_out_ns: lag_until,
             out_state: LaggardState::Runnable as u32,
             user_stack_id: -1,
+            held_stack_id: -1,
             ..Laggard::default()
         };
         bytes(&d)

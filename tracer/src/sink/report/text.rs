@@ -5,6 +5,7 @@ use crate::{
     engine::{
         caller::CallerSite, explain::LaggardRecord, fault::PauseFaultStats, pause::PauseRecord,
     },
+    image::Frame,
     units::{fmt_ns, fmt_time_of_day},
 };
 
@@ -54,20 +55,35 @@ pub fn pause_line(p: &PauseRecord) -> String {
 }
 
 /// The laggard that held the stop longest, e.g. `laggard tid 812 on_cpu
-/// 18.2 ms in main.spinner`.
+/// 18.2 ms in main.spinLoop (stopped in main.spinner)`: the code it ran
+/// while the world waited, and where it stopped when that differs.
 fn laggard_text(l: &LaggardRecord) -> String {
-    let site = l
-        .frames
-        .iter()
-        .find(|f| !f.function.starts_with("runtime."))
-        .or(l.frames.first())
-        .map(|f| format!(" in {}", f.function))
-        .unwrap_or_default();
-    let state = serde_json::to_value(l.state)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default();
-    format!("laggard tid {} {state} {}{site}", l.tid, fmt_ns(l.ns))
+    let site = |frames: &[Frame]| {
+        frames
+            .iter()
+            .find(|f| !f.function.starts_with("runtime."))
+            .or(frames.first())
+            .map(|f| f.function.clone())
+    };
+    let held = site(&l.frames);
+    let mut text = format!(
+        "laggard tid {} {} {}",
+        l.tid,
+        serde_json::to_value(l.state)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default(),
+        fmt_ns(l.ns)
+    );
+    if let Some(f) = &held {
+        text += &format!(" in {f}");
+    }
+    if let Some(stopped) = site(&l.stopped_at)
+        && held.as_ref() != Some(&stopped)
+    {
+        text += &format!(" (stopped in {stopped})");
+    }
+    text
 }
 
 /// A pause's faults, e.g. `faults=87 (swap 87) wait=11.9 ms own=9.1 ms

@@ -1,0 +1,59 @@
+//! The laggards' code while they hold a stop: a CPU-clock sampler on every
+//! CPU (`LAGGARD_SAMPLER`, every `LAGGARD_SAMPLE_PERIOD_NS`), attached with
+//! the scheduler programs. While no explained process is inside a pause it
+//! returns after one array lookup. Inside a stopping phase, a thread that
+//! the M list named as running a goroutine, sampled in user mode while
+//! still running that goroutine (R14, the current g in Go code, is it), has
+//! its user stack taken: the code that keeps it from stopping. A sample
+//! after the goroutine stopped (the M in the scheduler, on g0) or in the
+//! kernel is not taken. Its switch-out (`explain_sched`) only
+//! shows where it finally stopped, which for a loop whose safe point is in
+//! its caller is the caller, not the loop.
+
+use aya_ebpf::{
+    bindings::{BPF_F_REUSE_STACKID, BPF_F_USER_STACK},
+    macros::perf_event,
+    programs::{PerfEventContext, tracing::StackIdContext as _},
+};
+use tracer_common::{counters::Counter, explain::PHASE_STOPPING};
+
+use crate::{
+    explain::{PAUSE_STACKS, any_open, laggard_slot},
+    explain_sched::{candidate, open_detail},
+    fault::current_ids,
+    maps::count,
+};
+
+/// `LAGGARD_SAMPLER`.
+#[perf_event]
+pub fn laggard_sample(ctx: PerfEventContext) -> u32 {
+    if !any_open() {
+        return 0;
+    }
+    let (tgid, tid) = current_ids();
+    let Some(d) = open_detail(tgid) else {
+        return 0;
+    };
+    if d.phase != PHASE_STOPPING || tid == d.stop_tid {
+        return 0;
+    }
+    // Only threads that held a P running a goroutine when the stop began:
+    // the others (sysmon, an idle M looking for work) do not delay it.
+    let (m, g) = candidate(d, tid);
+    // SAFETY: the kernel hands perf_event programs valid sample data.
+    let regs = unsafe { &(*ctx.ctx).regs };
+    if m == 0 || regs.cs & 3 != 3 || regs.r14 != g {
+        return 0;
+    }
+    let slot = laggard_slot(d, tid);
+    let flags = (BPF_F_USER_STACK | BPF_F_REUSE_STACKID) as u64;
+    match ctx.get_stackid(&PAUSE_STACKS, flags) {
+        Ok(id) => {
+            let l = &mut d.laggards[slot];
+            l.held_stack_id = id as i32;
+            l.held_samples += 1;
+        }
+        Err(_) => count(Counter::LaggardStackFailed),
+    }
+    0
+}
