@@ -879,7 +879,9 @@ fn prog_ids(pid: u32) -> std::collections::HashSet<u64> {
 }
 
 /// `bpftool prog show` run counts of the programs of process `pid` named
-/// `names`, summed (other tools' programs on this host are not counted).
+/// `names`, summed (other tools' programs on this host are not counted). A
+/// name ending in `*` is a prefix; others are whole names (`stw_stop` is not
+/// `stw_stopped`).
 pub fn run_counts(pid: u32, names: &[&str]) -> u64 {
     let ids = prog_ids(pid);
     let out = Command::new("bpftool")
@@ -894,9 +896,13 @@ pub fn run_counts(pid: u32, names: &[&str]) -> u64 {
         .iter()
         .filter(|p| p["id"].as_u64().is_some_and(|id| ids.contains(&id)))
         .filter(|p| {
-            p["name"]
-                .as_str()
-                .is_some_and(|n| names.iter().any(|w| n.starts_with(w)))
+            p["name"].as_str().is_some_and(|n| {
+                names.iter().any(|w| match w.strip_suffix('*') {
+                    Some(prefix) => n.starts_with(prefix),
+                    // The kernel keeps 15 bytes of a name.
+                    None => n == &w[..w.len().min(15)],
+                })
+            })
         })
         .map(|p| p["run_cnt"].as_u64().unwrap_or(0))
         .sum()
@@ -928,7 +934,13 @@ fn a_quiet_agent_runs_nothing_on_fault_or_scheduler_paths() {
         "BPF_ENABLE_STATS: {}",
         std::io::Error::last_os_error()
     );
-    let hooks = ["fault_", "stack_sample"];
+    let hooks = [
+        "fault_*",
+        "stack_sample*",
+        "explain_*",
+        "switch_both",
+        "laggard_sample",
+    ];
     let bin = build_workload("stw", &newest_go(), "", &[]);
     let mut procs = Procs::new("agent-idle");
     let bin = procs.own(&bin);
