@@ -8,9 +8,7 @@ use aya::{
     maps::HashMap,
     programs::{
         PerfEvent, TracePoint,
-        perf_event::{
-            PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
-        },
+        perf_event::{PerfEventLinkId, SamplePolicy},
         trace_point::TracePointLinkId,
     },
 };
@@ -134,20 +132,12 @@ impl SchedHooks {
     /// The laggard sampler on every online CPU.
     fn attach_sampler(&mut self, object: &mut Object) -> anyhow::Result<()> {
         let prog = object.program::<PerfEvent>(LAGGARD_SAMPLER)?;
-        let cpus =
-            aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("reading {what}: {e}"))?;
-        for cpu in cpus {
-            let link = prog
-                .attach(
-                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Period(LAGGARD_SAMPLE_PERIOD_NS),
-                    false,
-                )
-                .with_context(|| format!("opening {LAGGARD_SAMPLER} on CPU {cpu}"))?;
-            self.sampler.push(link);
-        }
-        Ok(())
+        super::cpu_clock::attach_every_cpu(
+            prog,
+            LAGGARD_SAMPLER,
+            &SamplePolicy::Period(LAGGARD_SAMPLE_PERIOD_NS),
+            &mut self.sampler,
+        )
     }
 
     /// Whether the laggard sampler runs.

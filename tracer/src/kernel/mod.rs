@@ -16,6 +16,7 @@
 pub mod btf;
 pub mod capabilities;
 pub mod compat;
+mod cpu_clock;
 pub mod explain;
 pub mod faults;
 pub mod object;

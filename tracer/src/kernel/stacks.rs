@@ -7,9 +7,7 @@ use aya::{
     maps::{Array, PerCpuHashMap},
     programs::{
         PerfEvent, UProbe,
-        perf_event::{
-            PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
-        },
+        perf_event::{PerfEventLinkId, SamplePolicy},
         uprobe::{UProbeLinkId, UProbeScope},
     },
 };
@@ -203,19 +201,12 @@ impl StackGrowthProbes {
 
     fn attach_sampler(&mut self, programs: &mut Object) -> anyhow::Result<()> {
         let prog = programs.program::<PerfEvent>(SAMPLED_PROGRAM)?;
-        let cpus =
-            aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("reading {what}: {e}"))?;
-        for cpu in cpus {
-            let link = prog
-                .attach(
-                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Frequency(self.opts.sample_hz),
-                    false,
-                )
-                .with_context(|| format!("opening the CPU-clock sampler on CPU {cpu}"))?;
-            self.perf_links.push(link);
-        }
+        super::cpu_clock::attach_every_cpu(
+            prog,
+            "the CPU-clock sampler",
+            &SamplePolicy::Frequency(self.opts.sample_hz),
+            &mut self.perf_links,
+        )?;
         self.attached_since = Some(Instant::now());
         Ok(())
     }
