@@ -4,7 +4,7 @@
 
 use tracer_common::{
     event::{EventHeader, EventKind},
-    explain::PauseDetail,
+    explain::{LAGGARDS, Laggard, PauseDetail},
     fault::FaultRecord,
     pause::PauseEvent,
     stack::StackGrowthEvent,
@@ -57,7 +57,11 @@ pub fn decode<T: aya::Pod>(kind: EventKind, bytes: &[u8]) -> Result<T, DecodeErr
 }
 
 /// A `PauseDetail` as the kernel sends it: up to its last laggard in use
-/// (`PauseDetail::sent_len`); the rest reads as zero.
+/// (`PauseDetail::sent_len`); the rest reads as zero. The length sent is
+/// what counts: a laggard added on another CPU (the laggard sampler) after
+/// the kernel took the length can raise `nlaggards` in the bytes copied, and
+/// is not part of this pause's detail. A length that ends inside a laggard
+/// is malformed.
 fn decode_detail(raw: &[u8]) -> Result<PauseDetail, DecodeError> {
     let short = |need| DecodeError::TooShort {
         kind: Some(EventKind::PauseDetail),
@@ -72,10 +76,11 @@ fn decode_detail(raw: &[u8]) -> Result<PauseDetail, DecodeError> {
     // SAFETY: `len` bytes fit in `d`, and PauseDetail is Pod (any bytes are
     // a valid value).
     unsafe { std::ptr::copy_nonoverlapping(raw.as_ptr(), (&raw mut d).cast::<u8>(), len) };
-    let n = d.nlaggards as usize;
-    if len < PauseDetail::sent_len(n) {
-        return Err(short(PauseDetail::sent_len(n)));
+    let whole = (len - PauseDetail::LAGGARDS_AT) / std::mem::size_of::<Laggard>();
+    if len < std::mem::size_of::<PauseDetail>() && len != PauseDetail::sent_len(whole) {
+        return Err(short(PauseDetail::sent_len(whole + 1)));
     }
+    d.nlaggards = d.nlaggards.min(whole.min(LAGGARDS) as u32);
     Ok(d)
 }
 
@@ -190,12 +195,23 @@ mod tests {
         };
         assert_eq!((got.header.tgid, got.laggards[0].tid), (42, 7));
         assert_eq!((got.laggards[1].tid, got.candidates[0].tid), (0, 0));
-        // Shorter than its laggard count says: malformed.
+        // Ending inside a laggard: malformed.
         let cut = &all[..PauseDetail::sent_len(1) - 8];
         assert!(matches!(
             Event::decode(cut),
             Err(DecodeError::TooShort { .. })
         ));
+        // A laggard counted after the kernel took the length (the sampler,
+        // on another CPU): the length sent decides.
+        d.nlaggards = 2;
+        // SAFETY: as above.
+        let raced = unsafe {
+            std::slice::from_raw_parts((&raw const d).cast::<u8>(), PauseDetail::sent_len(1))
+        };
+        let Event::PauseDetail(got) = Event::decode(raced).unwrap() else {
+            panic!("not a detail");
+        };
+        assert_eq!((got.nlaggards, got.laggards[1].tid), (1, 0));
         assert!(matches!(
             Event::decode(&all[..PauseDetail::LAGGARDS_AT - 1]),
             Err(DecodeError::TooShort { .. })
