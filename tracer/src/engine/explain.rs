@@ -116,9 +116,14 @@ fn laggard(
     .into_iter()
     .max_by_key(|&(_, ns)| ns)
     .map_or(LaggardStateName::OnCpu, |(s, _)| s);
+    // What held the world: the faulting code; for a laggard that mostly ran
+    // or waited to run, the code it was sampled running; for one that
+    // mostly slept (a syscall that kept its P, a lock), where it slept.
     let frames = match (state, mine.first()) {
         (LaggardStateName::Fault, Some(f)) => f.stack.to_vec(),
-        _ if !l.held.is_empty() => l.held.clone(),
+        (LaggardStateName::OnCpu | LaggardStateName::Runnable, _) if !l.held.is_empty() => {
+            l.held.clone()
+        }
         _ => l.frames.clone(),
     };
     let rec = LaggardRecord {
@@ -287,7 +292,7 @@ mod tests {
 
     /// A sampled laggard's frames are the code it ran while the world
     /// waited; where it stopped stays apart. A laggard in a fault keeps the
-    /// faulting code, sampled or not.
+    /// faulting code, and one that slept where it slept, sampled or not.
     #[test]
     fn a_sampled_laggard_is_the_code_it_ran_and_where_it_stopped_is_apart() {
         let sampled = |tid: u32, out: u64, off: (u64, u64)| RawLaggard {
@@ -301,7 +306,11 @@ mod tests {
             sched: true,
             restart_ns: None,
             stopper: StopperTime::default(),
-            laggards: vec![sampled(2, 107 * MS, (0, 0)), sampled(3, 106 * MS, (0, 0))],
+            laggards: vec![
+                sampled(2, 107 * MS, (0, 0)),
+                sampled(3, 106 * MS, (0, 0)),
+                sampled(4, 105 * MS, (0, 5 * MS)),
+            ],
             laggards_dropped: 0,
         }));
         let faults = [fault(3, 101 * MS, 106 * MS, 5 * MS)];
@@ -313,5 +322,8 @@ mod tests {
         assert_eq!(l[0].stopped_at, vec![Frame::unknown(0x99)]);
         assert_eq!((l[1].tid, l[1].state), (3, LaggardStateName::Fault));
         assert_eq!(l[1].frames, vec![Frame::unknown(0x1234)]);
+        // One that slept held the world where it slept, sampled or not.
+        assert_eq!((l[2].tid, l[2].state), (4, LaggardStateName::Blocked));
+        assert_eq!(l[2].frames, vec![Frame::unknown(0x99)]);
     }
 }

@@ -73,8 +73,9 @@ pub struct LaggardRecord {
     /// That goroutine's id, if read.
     pub goid: Option<u64>,
     /// The code that kept it from stopping, innermost first: the faulting
-    /// code for `fault`; else its user stack when the laggard sampler last
-    /// found it on a CPU while the world was stopping; else `stopped_at`.
+    /// code for `fault`; for `on_cpu` and `runnable`, its user stack when
+    /// the laggard sampler last found it on a CPU while the world was
+    /// stopping; else (`blocked`, or never sampled) `stopped_at`.
     pub frames: Vec<Frame>,
     /// Samples that found it on a CPU while the world was stopping (one per
     /// millisecond of CPU time; 0: `frames` are not a sample).
