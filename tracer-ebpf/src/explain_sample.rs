@@ -5,8 +5,8 @@
 //! the M list named as running a goroutine, sampled in user mode while
 //! still running that goroutine (R14, the current g in Go code, is it), has
 //! its user stack taken: the code that keeps it from stopping. A sample
-//! after the goroutine stopped (the M in the scheduler, on g0) or in the
-//! kernel is not taken. Its switch-out (`explain_sched`) only
+//! after the goroutine reached its safe point (the runtime on g0's stack)
+//! or in the kernel is not taken. Its switch-out (`explain_sched`) only
 //! shows where it finally stopped, which for a loop whose safe point is in
 //! its caller is the caller, not the loop.
 
@@ -21,7 +21,8 @@ use crate::{
     explain::{PAUSE_STACKS, any_open, laggard_slot},
     explain_sched::{candidate, open_detail},
     fault::current_ids,
-    maps::count,
+    maps::{count, traced},
+    stack::field,
 };
 
 /// `LAGGARD_SAMPLER`.
@@ -43,6 +44,21 @@ pub fn laggard_sample(ctx: PerfEventContext) -> u32 {
     // SAFETY: the kernel hands perf_event programs valid sample data.
     let regs = unsafe { &(*ctx.ctx).regs };
     if m == 0 || regs.cs & 3 != 3 || regs.r14 != g {
+        return 0;
+    }
+    // On the goroutine's own stack: once it reached its safe point the
+    // runtime runs on g0's (`runtime.newstack` after a stack-check
+    // preemption) with R14 not yet changed.
+    let Some(p) = traced(tgid) else {
+        return 0;
+    };
+    let (Some(lo), Some(hi)) = (
+        field(g, p.offsets.g_stack_lo),
+        field(g, p.offsets.g_stack_hi),
+    ) else {
+        return 0;
+    };
+    if !(lo..hi).contains(&regs.rsp) {
         return 0;
     }
     let slot = laggard_slot(d, tid);
