@@ -265,7 +265,12 @@ impl Target {
     /// (for a process that exited while it was being attached to).
     pub fn exited_now(&mut self) -> bool {
         match self {
-            Target::Pid(t) if t.gone || t.process.watch.has_exited() => {
+            // A failure while it was exiting: give its exit a moment.
+            Target::Pid(t)
+                if t.gone
+                    || t.process.watch.has_exited()
+                    || (process::is_gone(t.process.pid) && t.process.watch.exits_within(1000)) =>
+            {
                 t.gone = true;
                 true
             }

@@ -90,28 +90,50 @@ impl ExitWatch {
 
     /// Whether it has exited already.
     pub fn has_exited(&self) -> bool {
+        self.exits_within(0)
+    }
+
+    /// Whether it has exited, or does within `ms` milliseconds (blocking):
+    /// a killed process is still tearing down its threads for a moment
+    /// after its executable and memory are gone.
+    pub fn exits_within(&self, ms: i32) -> bool {
         let mut p = libc::pollfd {
             fd: std::os::fd::AsRawFd::as_raw_fd(self.fd.get_ref()),
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: one valid pollfd, no wait.
-        unsafe { libc::poll(&mut p, 1, 0) > 0 }
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, ms) > 0 }
     }
 }
 
-/// Whether process `pid` has exited: no /proc entry, or a zombie (exited,
-/// not yet reaped by its parent: its /proc entry stays, its memory and
-/// executable are gone).
+/// Whether process `pid` has exited or is exiting: no /proc entry, a
+/// zombie (exited, not yet reaped by its parent: its /proc entry stays, its
+/// memory and executable are gone), or a leader already in `do_exit`
+/// (`PF_EXITING`: a killed process tears down its threads for a while, and
+/// its executable link is gone before it is a zombie).
 pub fn is_gone(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return true;
     };
-    // "pid (comm) S ...": the state follows the last ')' (comm may hold any).
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.trim_start().chars().next());
-    matches!(state, Some('Z' | 'X' | 'x'))
+    stat_says_gone(&stat)
+}
+
+/// `is_gone` from the text of `/proc/PID/stat`.
+fn stat_says_gone(stat: &str) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    // "pid (comm) S ppid pgrp session tty tpgid flags ...": the fields
+    // follow the last ')' (comm may hold any).
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next().and_then(|s| s.chars().next());
+    let flags = fields
+        .nth(5)
+        .and_then(|f| f.parse::<u64>().ok())
+        .unwrap_or(0);
+    matches!(state, Some('Z' | 'X' | 'x')) || flags & PF_EXITING != 0
 }
 
 /// The process (thread group) id of thread `tid`, from /proc.
@@ -215,5 +237,21 @@ impl LiveProcess {
     /// The path its executable is attached by (reaches containers too).
     pub fn exe_link(&self) -> PathBuf {
         PathBuf::from(format!("/proc/{}/exe", self.pid))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stat_says_gone;
+
+    #[test]
+    fn a_zombie_or_an_exiting_leader_is_gone_a_running_one_is_not() {
+        // Fields after comm: state ppid pgrp session tty tpgid flags.
+        let running = "42 (a) b) S 1 42 42 0 -1 4194560 12 0";
+        assert!(!stat_says_gone(running));
+        assert!(stat_says_gone("42 (a) b) Z 1 42 42 0 -1 4194560 12 0"));
+        // Flags 0x400004: PF_EXITING (0x4) set.
+        assert!(stat_says_gone("42 (a) b) S 1 42 42 0 -1 4194308 12 0"));
+        assert!(!stat_says_gone("garbage"));
     }
 }
