@@ -98,7 +98,9 @@ pub struct Laggard {
     pub user_stack_id: i32,
     /// Its user stack at the last sample of the laggard sampler that found
     /// it on a CPU while the world was stopping (the code that kept it from
-    /// stopping), in `PAUSE_STACKS`; negative: none.
+    /// stopping), in `PAUSE_STACKS`; negative: none. Never sampled, its
+    /// user stack when the kernel last preempted it in its goroutine's code
+    /// while the world was stopping (`HELD_AT_PREEMPTION`).
     pub held_stack_id: i32,
     /// Samples that found it on a CPU while the world was stopping.
     pub held_samples: u32,
@@ -122,6 +124,9 @@ impl Laggard {
     /// Its first event in the window was a switch-in: it was off the CPU
     /// when the stop began (the time until then is in `off`).
     pub const OFF_AT_START: u32 = 1 << 2;
+    /// `held_stack_id` is from a preemption, not a sample (on a busy host
+    /// a laggard can wait for a CPU through the whole stop, never sampled).
+    pub const HELD_AT_PREEMPTION: u32 = 1 << 3;
 }
 
 /// How a thread left the CPU (`prev_state` of `sched:sched_switch`).

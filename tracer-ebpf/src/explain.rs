@@ -263,7 +263,14 @@ extern "C" fn ms_step(_index: u64, ctx: *mut c_void) -> i64 {
     let holds_p = if x.m_p == GoOffsets::UNKNOWN {
         curg != 0
     } else {
-        field(m, x.m_p).is_some_and(|pp| pp != 0)
+        match field(m, x.m_p) {
+            Some(pp) => pp != 0,
+            None => {
+                // An M the walk could not read is one it cannot name.
+                count(Counter::ReadUserFailed);
+                false
+            }
+        }
     };
     // The stopping thread's own M is the one with its tid.
     if holds_p
@@ -272,7 +279,11 @@ extern "C" fn ms_step(_index: u64, ctx: *mut c_void) -> i64 {
     {
         add_candidate(d, procid as u32, m, curg, w.tgid, w.since);
     }
-    w.m = field(m, x.m_alllink).unwrap_or(0);
+    let Some(next) = field(m, x.m_alllink) else {
+        count(Counter::ReadUserFailed);
+        return 1;
+    };
+    w.m = next;
     0
 }
 

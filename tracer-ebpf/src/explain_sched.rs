@@ -27,7 +27,7 @@ use tracer_common::{
 };
 
 use crate::{
-    compat::TaskBtf,
+    compat::{TaskBtf, TaskLayoutRegs, UserRegs as _},
     explain::{
         PAUSE_DETAILS, PAUSE_STACKS, PAUSE_THREADS, any_open, goroutine_frames, laggard_slot, now,
         walk_ms,
@@ -268,6 +268,18 @@ fn follow_out(
                 e
             }
         };
+        // Preempted by the kernel in its goroutine's own code while the
+        // world waits: that is code that held it, the evidence the laggard
+        // sampler would have taken had it found the thread on a CPU.
+        if runnable
+            && d.phase == PHASE_STOPPING
+            && l.held_samples == 0
+            && l.user_stack_id >= 0
+            && in_goroutine_code(tgid, g)
+        {
+            l.held_stack_id = l.user_stack_id;
+            l.flags |= Laggard::HELD_AT_PREEMPTION;
+        }
     }
     let entry = PauseThread {
         tgid,
@@ -281,6 +293,39 @@ fn follow_out(
     if PAUSE_THREADS.insert(tid, entry, 0).is_err() {
         count(Counter::MapFull);
     }
+}
+
+/// Whether the current thread left user mode running goroutine `g` on
+/// `g`'s own stack (R14 is g in Go's ABIInternal): not the runtime on g0's
+/// stack on its way to stopping. Its user registers are where the kernel
+/// saved them on entry (`TASK_LAYOUT`, read on every kernel).
+#[inline(always)]
+fn in_goroutine_code(tgid: u32, g: u64) -> bool {
+    if g == 0 {
+        return false;
+    }
+    let (Some(regs), Some(p)) = (TaskLayoutRegs::current(), traced(tgid)) else {
+        return false;
+    };
+    // SAFETY: reads of the kernel stack through the checked helper.
+    let read = |at: *const u64| unsafe { bpf_probe_read_kernel(at) }.ok();
+    // SAFETY: only the fields' addresses; nothing is read through them here.
+    let (r14, rsp) = unsafe {
+        (
+            core::ptr::addr_of!((*regs).r14),
+            core::ptr::addr_of!((*regs).rsp),
+        )
+    };
+    let (Some(r14), Some(rsp)) = (read(r14), read(rsp)) else {
+        return false;
+    };
+    let (Some(lo), Some(hi)) = (
+        field(g, p.offsets.g_stack_lo),
+        field(g, p.offsets.g_stack_hi),
+    ) else {
+        return false;
+    };
+    r14 == g && (lo..hi).contains(&rsp)
 }
 
 /// Whether `tid` has a laggard slot in `d` with a switch-out (the laggard

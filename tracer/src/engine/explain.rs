@@ -5,7 +5,7 @@
 
 use tracer_common::explain::{Laggard, OffCpu};
 
-pub use super::laggard::{ExplainInput, LaggardRecord, LaggardStateName, RawLaggard};
+pub use super::laggard::{ExplainInput, FramesFrom, LaggardRecord, LaggardStateName, RawLaggard};
 use super::{
     breakdown::{self, LaggardTime},
     fault::{Fault, PhaseFaults},
@@ -119,12 +119,17 @@ fn laggard(
     // What held the world: the faulting code; for a laggard that mostly ran
     // or waited to run, the code it was sampled running; for one that
     // mostly slept (a syscall that kept its P, a lock), where it slept.
-    let frames = match (state, mine.first()) {
-        (LaggardStateName::Fault, Some(f)) => f.stack.to_vec(),
+    let (frames, frames_from) = match (state, mine.first()) {
+        (LaggardStateName::Fault, Some(f)) => (f.stack.to_vec(), FramesFrom::Fault),
         (LaggardStateName::OnCpu | LaggardStateName::Runnable, _) if !l.held.is_empty() => {
-            l.held.clone()
+            let from = if l.held_samples == 0 && l.flags & Laggard::HELD_AT_PREEMPTION != 0 {
+                FramesFrom::Preemption
+            } else {
+                FramesFrom::Sample
+            };
+            (l.held.clone(), from)
         }
-        _ => l.frames.clone(),
+        _ => (l.frames.clone(), FramesFrom::StoppedAt),
     };
     let rec = LaggardRecord {
         tid: l.tid,
@@ -137,6 +142,7 @@ fn laggard(
         running_goroutine: l.flags & Laggard::CANDIDATE != 0,
         goid: (l.goid != 0).then_some(l.goid),
         frames,
+        frames_from,
         held_samples: l.held_samples,
         stopped_at: l.frames.clone(),
     };
@@ -319,11 +325,38 @@ mod tests {
         assert_eq!((l[0].tid, l[0].state), (2, LaggardStateName::OnCpu));
         assert_eq!(l[0].frames, vec![Frame::unknown(0x42)]);
         assert_eq!(l[0].held_samples, 3);
+        assert_eq!(l[0].frames_from, FramesFrom::Sample);
         assert_eq!(l[0].stopped_at, vec![Frame::unknown(0x99)]);
         assert_eq!((l[1].tid, l[1].state), (3, LaggardStateName::Fault));
         assert_eq!(l[1].frames, vec![Frame::unknown(0x1234)]);
+        assert_eq!(l[1].frames_from, FramesFrom::Fault);
         // One that slept held the world where it slept, sampled or not.
         assert_eq!((l[2].tid, l[2].state), (4, LaggardStateName::Blocked));
         assert_eq!(l[2].frames, vec![Frame::unknown(0x99)]);
+        assert_eq!(l[2].frames_from, FramesFrom::StoppedAt);
+    }
+
+    /// Never sampled (it waited for a CPU through the stop), a laggard the
+    /// kernel preempted in its goroutine's code is named by that code.
+    #[test]
+    fn an_unsampled_laggard_preempted_in_its_code_is_named_by_it() {
+        let mut rec = record(1, 100 * MS, 10 * MS);
+        rec.stopping_ns = Some(8 * MS);
+        let mut l = raw(2, 107 * MS, (5 * MS, 0));
+        l.held = vec![Frame::unknown(0x42)];
+        l.flags |= Laggard::HELD_AT_PREEMPTION;
+        rec.explain_input = Some(Box::new(ExplainInput {
+            sched: true,
+            restart_ns: None,
+            stopper: StopperTime::default(),
+            laggards: vec![l],
+            laggards_dropped: 0,
+        }));
+        complete(&mut rec, &[]);
+        let l = &rec.laggards.as_ref().unwrap()[0];
+        assert_eq!(l.state, LaggardStateName::Runnable);
+        assert_eq!(l.frames, vec![Frame::unknown(0x42)]);
+        assert_eq!((l.frames_from, l.held_samples), (FramesFrom::Preemption, 0));
+        assert_eq!(l.stopped_at, vec![Frame::unknown(0x99)]);
     }
 }

@@ -56,6 +56,20 @@ pub enum LaggardStateName {
     Blocked,
 }
 
+/// Where a laggard's `frames` come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FramesFrom {
+    /// The major fault it waited in.
+    Fault,
+    /// The laggard sampler found it running them.
+    Sample,
+    /// The kernel preempted it there (it waited for a CPU, unsampled).
+    Preemption,
+    /// Where it stopped (nothing better seen).
+    StoppedAt,
+}
+
 /// A thread that kept the world from stopping, in a pause record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LaggardRecord {
@@ -75,10 +89,13 @@ pub struct LaggardRecord {
     /// The code that kept it from stopping, innermost first: the faulting
     /// code for `fault`; for `on_cpu` and `runnable`, its user stack when
     /// the laggard sampler last found it on a CPU while the world was
-    /// stopping; else (`blocked`, or never sampled) `stopped_at`.
+    /// stopping, or, never sampled, when the kernel last preempted it in
+    /// its goroutine's code then; else `stopped_at`.
     pub frames: Vec<Frame>,
+    /// Where `frames` come from.
+    pub frames_from: FramesFrom,
     /// Samples that found it on a CPU while the world was stopping (one per
-    /// millisecond of CPU time; 0: `frames` are not a sample).
+    /// millisecond of CPU time).
     pub held_samples: u32,
     /// Where it stopped: its goroutine's stack when it left the thread, else
     /// its thread's user stack at its last switch-out.

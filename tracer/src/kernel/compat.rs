@@ -32,9 +32,9 @@ impl Compat {
             .into_iter()
             .filter(|&h| force || !supported(h))
             .collect();
-        let layout = missing
-            .contains(&Helper::TaskPtRegs)
-            .then(|| task_layout().map_err(|e| format!("{e:#}")));
+        // Read on every kernel: the explanation's scheduler programs check
+        // a preempted laggard's registers through it too.
+        let layout = Some(task_layout().map_err(|e| format!("{e:#}")));
         Compat { missing, layout }
     }
 
@@ -72,12 +72,12 @@ impl Compat {
     /// (they then lose what needs them), if so.
     pub fn layout_error(&self) -> Option<&str> {
         match &self.layout {
-            Some(Err(e)) => Some(e),
+            Some(Err(e)) if self.missing.contains(&Helper::TaskPtRegs) => Some(e),
             _ => None,
         }
     }
 
-    /// Write the task layout into the object's map (where it is needed).
+    /// Write the task layout into the object's map.
     pub fn write_layout(&self, ebpf: &mut aya::Ebpf) -> anyhow::Result<()> {
         let Some(Ok(layout)) = &self.layout else {
             return Ok(());

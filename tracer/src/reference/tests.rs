@@ -11,7 +11,7 @@ use crate::{
         breakdown::Breakdown,
         correlate::tests_support::record,
         fault::{Fault, FaultKind, FaultTotals, PauseFaultStats, PhaseFaults},
-        laggard::{LaggardRecord, LaggardStateName},
+        laggard::{FramesFrom, LaggardRecord, LaggardStateName},
         observed::{CpuSamples, Observed, ObservedPause, ProcessInfo},
     },
     image::Frame,
@@ -178,6 +178,7 @@ fn full_pause(pid: u32) -> ObservedPause {
         running_goroutine: true,
         goid: Some(12),
         frames: vec![frame("main.spinLoop")],
+        frames_from: FramesFrom::Sample,
         held_samples: 4,
         stopped_at: vec![frame("main.spinner")],
     }]);

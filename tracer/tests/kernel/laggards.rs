@@ -53,6 +53,13 @@ fn spin(go: &GoToolchain, spin_in: &str) -> Vec<Value> {
             .env("GOMAXPROCS", "2"),
         &format!("Go {}: gostw run", go.version),
     );
+    // What the kernel programs could not do (a laggard unseen for want of
+    // a read of the M list, a map or stack slot) is in the summary.
+    let lost = json_records(&stdout, "summary")
+        .first()
+        .map(|s| s["lost"].clone())
+        .unwrap_or_default();
+    eprintln!("Go {}: lost {lost}", go.version);
     json_records(&stdout, "pause")
 }
 
@@ -114,11 +121,15 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
         // nothing gostw saw: 0 to 3 of 26-42 pauses that waited per
         // version (Go 1.24, 1.25 and 1.27 so far), idle host or not; not
         // understood yet. Counted and bounded, not failed.
-        let (mut contended, mut held, mut unseen) = (0, 0, 0);
+        let (mut contended, mut held, mut unseen, mut preempted) = (0, 0, 0, 0);
         for p in &waited {
             let l = &p["laggards"][0];
             if l.is_null() {
-                eprintln!("Go {v}: a pause that waited with no laggard seen: {p}");
+                eprintln!(
+                    "Go {v}: a pause that waited with no laggard seen: {} at {} ({} ns stopping), \
+                     breakdown {}",
+                    p["reason"], p["start_mono_ns"], p["stopping_ns"], p["breakdown"]
+                );
                 unseen += 1;
                 continue;
             }
@@ -144,13 +155,19 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
             assert!(ns(&l["on_cpu_ns"]) > 0, "Go {v}: never on a CPU: {p}");
             assert_eq!(l["running_goroutine"], true, "Go {v}: {p}");
             // The code that held the world is the leaf loop, sampled while
-            // the world waited; where it stopped is a separate fact: the
-            // spinner's own safe point (`main.checkpoint`'s stack check), or
-            // the loop itself when the kernel preempted it last.
-            if functions(&l["frames"]).first() == Some(&"main.spinLoop")
-                && ns(&l["held_samples"]) > 0
-            {
+            // the world waited (or, on a busy host where it waited for a CPU
+            // the whole time, where the kernel preempted it); where it
+            // stopped is a separate fact: the spinner's own safe point
+            // (`main.checkpoint`'s stack check), or the loop itself when the
+            // kernel preempted it last.
+            let evidence = match l["frames_from"].as_str() {
+                Some("sample") => ns(&l["held_samples"]) > 0,
+                Some("preemption") => ns(&l["held_samples"]) == 0,
+                _ => false,
+            };
+            if functions(&l["frames"]).first() == Some(&"main.spinLoop") && evidence {
                 held += 1;
+                preempted += usize::from(l["frames_from"] == "preemption");
             }
             // Where it stopped can be unknown (its stack not taken: seen
             // once, a 1.3 ms pause); when known it is the spinner's code.
@@ -180,7 +197,8 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
         eprintln!(
             "Go {v}: {} pauses, {} of 1 ms or more, {} waited to stop ({contended} for an M \
              that waited for a CPU, {unseen} with no laggard, {held} with main.spinLoop \
-             innermost), {explained} explained to 10%",
+             innermost, {preempted} of them seen preempted, not sampled), {explained} explained \
+             to 10%",
             pauses.len(),
             slow.len(),
             waited.len()
