@@ -67,6 +67,7 @@ fn main() -> ExitCode {
             Command::Stacks(args) => cli::stacks::run(args).await,
             Command::Agent(args) => tracer::agent::run(args).await.map(|()| 0),
             Command::Faults(args) => cli::faults::run(args).await,
+            Command::Pauses(args) => cli::pauses::run(args),
             Command::Memory(args) => cli::memory::run(args),
             Command::Check(args) => tracer::check::run(&args),
         }

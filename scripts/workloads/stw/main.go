@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/signal"
 	"runtime"
 	"runtime/metrics"
 	"syscall"
@@ -36,7 +37,11 @@ func main() {
 	spinChunk := flag.Duration("spin-chunk", 20*time.Millisecond, "how long each spinner's loop runs between safe points")
 	spinIn := flag.String("spin-in", "spinner", "the spinners' code: spinner (main.spinner, main.spinLoop) or other (main.otherSpinner, main.otherSpinLoop, the same loop under other names)")
 	interval := flag.Duration("interval", 0, "sleep this long between rounds")
+	startOnSignal := flag.Bool("start-on-signal", false, "wait for SIGUSR1 before doing anything (so a tracer can attach first and see every pause)")
 	flag.Parse()
+	if *startOnSignal {
+		waitForSignal()
+	}
 	if *spinners > 0 {
 		n := spinIterations(*spinChunk)
 		spin := spinner
@@ -81,6 +86,15 @@ func main() {
 	}
 	report()
 	os.Exit(*exitCode)
+}
+
+// waitForSignal blocks until SIGUSR1 arrives, saying it waits.
+func waitForSignal() {
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGUSR1)
+	fmt.Println("GOSTW_WAITING")
+	<-c
+	signal.Stop(c)
 }
 
 // readStats calls runtime.ReadMemStats n times: the caller a tracer must

@@ -2,8 +2,10 @@
 //! the host (a `/proc` diff every poll interval, sooner after an exec
 //! notification); the engine attaches once per executable, traces every
 //! process of it and detaches when the last one exits; its sinks are the
-//! Prometheus metrics and the profile store, served over HTTP on a thread
-//! of its own (`/metrics`, `/debug/pprof/faults`, `/debug/pprof/stackgrowth`).
+//! Prometheus metrics, the profile store and the slow-pause records (also
+//! written to the pause log), served over HTTP on a thread of its own
+//! (`/metrics`, `/debug/pprof/faults`, `/debug/pprof/stackgrowth`,
+//! `/debug/pauses`).
 
 pub mod server;
 
@@ -24,7 +26,9 @@ use crate::{
     kernel::{CoreOptions, capabilities::FaultSource, stacks::StackGrowthOptions},
     sink::{
         metrics::{Metrics, MetricsSink},
+        pause_log::PauseLog,
         profile::{GrowthCounting, ProfileCollector, store::Store},
+        slow_pauses::{SlowPauseSink, SlowPauseStore, StoreLimits},
     },
     stackgrowth::Mode,
     targets::{Target, discovery::Filter, tracker::Limits},
@@ -36,10 +40,32 @@ pub struct Args {
     /// Address to serve /metrics and /healthz on.
     #[arg(long, default_value = "127.0.0.1:9477")]
     pub listen: SocketAddr,
-    /// Serve /debug/pprof/* to peers other than loopback ones (profiles
-    /// name code and files; by default only 127.0.0.0/8 and ::1 get them).
+    /// Serve /debug/pprof/* and /debug/pauses to peers other than loopback
+    /// ones (profiles and records name code, files and containers; by
+    /// default only 127.0.0.0/8 and ::1 get them).
     #[arg(long)]
     pub pprof_allow_remote: bool,
+    /// Record every pause at least this long, with its explanation, for
+    /// /debug/pauses, `gostw pauses` and the pause log (0: every pause).
+    #[arg(long, value_name = "DURATION", default_value = "1ms", value_parser = crate::units::parse_duration)]
+    pub slow_pause: Duration,
+    /// Slow-pause records kept in memory in all, and per label set
+    /// (executable, container); the oldest go first (counted in
+    /// gostw_agent_slow_pauses_evicted_total).
+    #[arg(long, value_name = "N", default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub slow_pauses_kept: u32,
+    #[arg(long, value_name = "N", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub slow_pauses_per_set: u32,
+    /// Where each slow-pause record is written as a JSON line: stdout, off,
+    /// or a file (rotated to PATH.1 at --pause-log-max-mib).
+    #[arg(long, value_name = "stdout|off|PATH", default_value = "stdout")]
+    pub pause_log: String,
+    #[arg(long, value_name = "MIB", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub pause_log_max_mib: u64,
+    /// Pause log lines written per second at most; the rest are counted
+    /// (gostw_agent_slow_pauses_unlogged_total) and stay in /debug/pauses.
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub pause_log_rate: u32,
     /// Only trace processes whose executable path or command name matches.
     #[arg(long = "match", value_name = "REGEX", value_parser = parse_regex)]
     pub name: Option<Regex>,
@@ -134,11 +160,27 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         allow_remote: args.pprof_allow_remote,
         windows: Default::default(),
     };
+    let pauses = server::Pauses {
+        store: Arc::new(std::sync::Mutex::new(SlowPauseStore::new(StoreLimits {
+            total: args.slow_pauses_kept as usize,
+            per_label_set: args.slow_pauses_per_set as usize,
+        }))),
+        allow_remote: args.pprof_allow_remote,
+    };
+    let log = match args.pause_log.as_str() {
+        "off" => None,
+        "stdout" | "-" => Some(PauseLog::stdout(args.pause_log_rate)),
+        path => Some(PauseLog::file(
+            path.into(),
+            args.pause_log_max_mib << 20,
+            args.pause_log_rate,
+        )?),
+    };
     let stopped = Arc::new(AtomicBool::new(false));
     let (server_done_tx, server_done_rx) = tokio::sync::oneshot::channel::<()>();
     let server = {
         let (metrics, stopped) = (metrics.clone(), stopped.clone());
-        let profiles = profiles.clone();
+        let (profiles, pauses) = (profiles.clone(), pauses.clone());
         std::thread::Builder::new()
             .name("gostw-http".into())
             .spawn(move || -> anyhow::Result<()> {
@@ -147,7 +189,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     .build()
                     .context("starting the HTTP runtime")?;
                 let result = rt.block_on(async move {
-                    server::serve(listener, metrics, profiles, async move {
+                    server::serve(listener, metrics, profiles, pauses, async move {
                         let _ = server_done_rx.await;
                     })
                     .await
@@ -158,23 +200,33 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .context("starting the HTTP thread")?
     };
     crate::say!(
-        "gostw agent: serving http://{addr}/metrics and /debug/pprof/{{faults,stackgrowth}} ({}); polling /proc every {:?}",
+        "gostw agent: serving http://{addr}/metrics, /debug/pauses and /debug/pprof/{{faults,stackgrowth}} ({}); polling /proc every {:?}; recording pauses of {} or more",
         if args.pprof_allow_remote {
-            "profiles to any peer"
+            "records and profiles to any peer"
         } else {
-            "profiles to loopback peers"
+            "records and profiles to loopback peers"
         },
-        args.poll_interval
+        args.poll_interval,
+        crate::units::fmt_ns(args.slow_pause.as_nanos() as u64)
     );
     let filter = Filter {
         name: args.name,
         cgroup: args.cgroup,
     };
     let mut target = Target::host(filter, args.poll_interval);
-    // The same stream to the metrics and to the profiles the HTTP thread reads.
+    // The same stream to the metrics, the profiles and the records the HTTP
+    // thread reads.
     let mut sink = (
-        MetricsSink::new(metrics.clone()),
-        ProfileCollector::new(profiles.store.clone(), GrowthCounting::Events),
+        (
+            MetricsSink::new(metrics.clone()),
+            ProfileCollector::new(profiles.store.clone(), GrowthCounting::Events),
+        ),
+        SlowPauseSink::new(
+            pauses.store.clone(),
+            args.slow_pause.as_nanos() as u64,
+            log,
+            metrics.clone(),
+        ),
     );
     let result = loop {
         // Back every second to see whether the HTTP server still runs.

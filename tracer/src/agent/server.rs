@@ -1,8 +1,10 @@
-//! The HTTP side: `/metrics`, `/healthz` and the profiles
-//! (`/debug/pprof/faults`, `/debug/pprof/stackgrowth`, see `pprof`), served
+//! The HTTP side: `/metrics`, `/healthz`, the profiles
+//! (`/debug/pprof/faults`, `/debug/pprof/stackgrowth`, see `pprof`) and the
+//! slow-pause records (`/debug/pauses`, see `pauses`), served
 //! by axum on a tokio runtime of its own thread, so a slow `/proc` poll or
 //! binary analysis never delays a scrape.
 
+pub mod pauses;
 pub mod pprof;
 
 use std::{
@@ -11,7 +13,7 @@ use std::{
     time::Instant,
 };
 
-pub use self::pprof::Profiles;
+pub use self::{pauses::Pauses, pprof::Profiles};
 
 use anyhow::Context as _;
 use axum::{
@@ -57,10 +59,11 @@ pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     profiles: Profiles,
+    pauses: Pauses,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let app = router(metrics, profiles);
+    let app = router(metrics, profiles, pauses);
     // The peer's address decides who gets profiles.
     axum::serve(
         listener,
@@ -72,18 +75,19 @@ pub async fn serve(
 }
 
 /// Every route of the agent.
-pub fn router(metrics: Arc<Metrics>, profiles: Profiles) -> Router {
+pub fn router(metrics: Arc<Metrics>, profiles: Profiles, pauses: Pauses) -> Router {
     Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/",
             get(|| async {
-                "gostw agent: /metrics (Prometheus), /healthz, /debug/pprof/faults, /debug/pprof/stackgrowth?seconds=N\n"
+                "gostw agent: /metrics (Prometheus), /healthz, /debug/pauses, /debug/pprof/faults, /debug/pprof/stackgrowth?seconds=N\n"
             }),
         )
         .with_state(metrics)
         .merge(pprof::routes(profiles))
+        .merge(pauses::routes(pauses))
 }
 
 async fn metrics_handler(

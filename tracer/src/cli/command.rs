@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
-use super::{attach, faults, memory, run, stacks};
+use super::{attach, faults, memory, pauses, run, stacks};
 
 #[derive(Parser)]
 #[command(
@@ -28,8 +28,12 @@ pub enum Command {
     /// Goroutine stack growth: call sites, sizes, cost, and the starting
     /// stack that would avoid it (`--pid PID` or `-- CMD ARGS`).
     Stacks(stacks::StacksArgs),
-    /// Node agent: trace every Go process of the host, serve Prometheus metrics.
+    /// Node agent: trace every Go process of the host, serve Prometheus
+    /// metrics, and record every slow pause with its explanation.
     Agent(crate::agent::Args),
+    /// The agent's slow-pause records (its /debug/pauses), newest first:
+    /// what held the world, who asked for the stop, and the faults.
+    Pauses(pauses::Args),
     /// Major page faults of a process and the pauses they lengthen.
     Faults(faults::Args),
     /// What gostw can do on this host: kernel, probe families, fault

@@ -6,6 +6,7 @@ pub mod command;
 pub mod faults;
 pub mod memory;
 pub mod outputs;
+pub mod pauses;
 pub mod run;
 pub mod stacks;
 

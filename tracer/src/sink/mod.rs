@@ -7,11 +7,15 @@
 //! - `profile`: pprof profiles of faults and stack growth (`--pprof`, the
 //!   agent's `/debug/pprof/*`).
 //! - `timeline`: the trace-event timeline (`--timeline`).
+//! - `slow_pauses`: the agent's record of every slow pause
+//!   (`/debug/pauses`), and `pause_log` the JSON lines it writes of them.
 
 pub mod file;
 pub mod metrics;
+pub mod pause_log;
 pub mod profile;
 pub mod report;
+pub mod slow_pauses;
 pub mod timeline;
 
 use crate::engine::observed::Observed;

@@ -22,6 +22,7 @@ pub mod explain;
 pub mod exposure;
 pub mod observe;
 mod sink;
+pub mod slow;
 
 use self::observe::{
     Backing, FaultObservation, PauseObservation, StackGrowthObservation, WaitedOn, backing_label,
@@ -138,6 +139,7 @@ pub struct Metrics {
     pub build_info: Family<Vec<(&'static str, &'static str)>, Gauge<i64, AtomicI64>>,
     fault_backend: Family<Vec<(&'static str, &'static str)>, Gauge<i64, AtomicI64>>,
     pub exposure: exposure::ExposureMetrics,
+    pub slow_pauses: slow::SlowPauseMetrics,
     /// The agent's own cost (`cost`).
     pub cost: cost::CostMetrics,
 }
@@ -181,6 +183,7 @@ impl Metrics {
             build_info: Family::default(),
             fault_backend: Family::default(),
             exposure: Default::default(),
+            slow_pauses: Default::default(),
             cost: cost::CostMetrics::default(),
             registry: Registry::default(),
         };
@@ -240,6 +243,7 @@ impl Metrics {
         );
         m.explain.register(r);
         let a = r.sub_registry_with_prefix("agent");
+        m.slow_pauses.register(a);
         a.register(
             "processes_traced",
             "Processes the agent traces now",
