@@ -218,7 +218,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // thread reads.
     let mut sink = (
         (
-            MetricsSink::new(metrics.clone()),
+            MetricsSink::new(metrics.clone())
+                .with_record_exemplars(args.slow_pause.as_nanos() as u64),
             ProfileCollector::new(profiles.store.clone(), GrowthCounting::Events),
         ),
         SlowPauseSink::new(

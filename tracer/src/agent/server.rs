@@ -82,7 +82,7 @@ pub fn router(metrics: Arc<Metrics>, profiles: Profiles, pauses: Pauses) -> Rout
         .route(
             "/",
             get(|| async {
-                "gostw agent: /metrics (Prometheus), /healthz, /debug/pauses, /debug/pprof/faults, /debug/pprof/stackgrowth?seconds=N\n"
+                "gostw agent: /metrics (Prometheus), /healthz, /debug/pauses, /debug/pprof/pauses, /debug/pprof/faults, /debug/pprof/stackgrowth?seconds=N\n"
             }),
         )
         .with_state(metrics)
@@ -134,6 +134,11 @@ pub fn openmetrics_to_text(om: &str) -> String {
         if line.starts_with("# UNIT ") || line == "# EOF" {
             continue;
         }
+        // Exemplars (` # {labels} value`) exist in OpenMetrics only.
+        let line = match line.find(" # {") {
+            Some(at) if !line.starts_with('#') => &line[..at],
+            _ => line,
+        };
         let rewritten = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
             let rest = line.strip_prefix(prefix)?;
             let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
@@ -153,10 +158,10 @@ mod tests {
 
     #[test]
     fn counters_get_total_names_and_openmetrics_lines_go() {
-        let om = "# HELP gostw_x Things.\n# TYPE gostw_x counter\n# UNIT gostw_x bytes\ngostw_x_total{a=\"b\"} 1\n# HELP gostw_h H.\n# TYPE gostw_h histogram\ngostw_h_sum 0.0\n# EOF\n";
+        let om = "# HELP gostw_x Things.\n# TYPE gostw_x counter\n# UNIT gostw_x bytes\ngostw_x_total{a=\"b\"} 1\n# HELP gostw_h H.\n# TYPE gostw_h histogram\ngostw_h_sum 0.0\ngostw_h_bucket{le=\"1.0\"} 1 # {pause_id=\"7-12\"} 0.5\n# EOF\n";
         assert_eq!(
             openmetrics_to_text(om),
-            "# HELP gostw_x_total Things.\n# TYPE gostw_x_total counter\ngostw_x_total{a=\"b\"} 1\n# HELP gostw_h H.\n# TYPE gostw_h histogram\ngostw_h_sum 0.0\n"
+            "# HELP gostw_x_total Things.\n# TYPE gostw_x_total counter\ngostw_x_total{a=\"b\"} 1\n# HELP gostw_h H.\n# TYPE gostw_h histogram\ngostw_h_sum 0.0\ngostw_h_bucket{le=\"1.0\"} 1\n"
         );
     }
 

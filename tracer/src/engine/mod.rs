@@ -55,6 +55,9 @@ use crate::{
 
 /// How often the loop looks at the target, the kernel's counts and time.
 const TICK: Duration = Duration::from_millis(50);
+/// Records read from each ring buffer before what they became is delivered
+/// (a pause record with its explanation is a few KiB decoded).
+const BATCH: usize = 4096;
 
 /// How often the counts and health of a host target are read.
 const HOST_COUNTS_PERIOD: Duration = Duration::from_secs(1);
@@ -296,11 +299,16 @@ impl Engine {
                 _ = sighup.recv() => return Ok(Stop::Signal(libc::SIGHUP)),
             };
             match wake {
-                Wake::Events => {
-                    self.drain();
+                Wake::Events => loop {
+                    // Batches: what is decoded reaches the sinks before more
+                    // is read, so memory stays bounded under a storm.
+                    let n = self.drain_batch();
                     self.stream.settle(monotonic_ns(), &mut self.out);
                     self.deliver(sink);
-                }
+                    if n < BATCH {
+                        break;
+                    }
+                },
                 Wake::Tick => self.tick(target, sink)?,
                 Wake::Exit => {
                     self.poll_target(target, sink)?;
@@ -514,6 +522,18 @@ impl Engine {
             ..
         } = self;
         reader.drain(|raw| stream.feed(raw, out));
+    }
+
+    /// `drain`, at most `BATCH` records of each ring buffer; how many in
+    /// all.
+    fn drain_batch(&mut self) -> usize {
+        let Engine {
+            reader,
+            stream,
+            out,
+            ..
+        } = self;
+        reader.drain_at_most(BATCH, |raw| stream.feed(raw, out))
     }
 
     fn deliver(&mut self, sink: &mut dyn Sink) {

@@ -53,14 +53,23 @@ impl EventReader {
     /// Hand every record already in the buffers to `f`, without waiting:
     /// pauses first (a pause's faults may arrive before or after it; the
     /// correlator takes either order).
-    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
-        drain(self.pauses.get_mut(), &mut f) + drain(self.events.get_mut(), &mut f)
+    pub fn drain(&mut self, f: impl FnMut(&[u8])) -> usize {
+        self.drain_at_most(usize::MAX, f)
+    }
+
+    /// `drain`, at most `limit` records of each buffer: under a storm the
+    /// kernel fills them as fast as they are read, and a drain that chased
+    /// it would hold every decoded record until it caught up.
+    pub fn drain_at_most(&mut self, limit: usize, mut f: impl FnMut(&[u8])) -> usize {
+        drain(self.pauses.get_mut(), limit, &mut f) + drain(self.events.get_mut(), limit, &mut f)
     }
 }
 
-fn drain(ring: &mut RingBuf<MapData>, f: &mut impl FnMut(&[u8])) -> usize {
+fn drain(ring: &mut RingBuf<MapData>, limit: usize, f: &mut impl FnMut(&[u8])) -> usize {
     let mut n = 0;
-    while let Some(item) = ring.next() {
+    while n < limit
+        && let Some(item) = ring.next()
+    {
         f(&item);
         n += 1;
     }

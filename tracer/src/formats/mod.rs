@@ -6,9 +6,12 @@
 //! - `pprof`: the profile.proto builder (any sample types).
 //! - `profiles`: gostw's fault and stack-growth profiles from plain records.
 //! - `debug_pprof`: the agent endpoints' request rules (who, what, headers).
+//! - `pause_profile`: pause time by laggard and caller code, from
+//!   slow-pause records.
 //! - `timeline`: the streaming trace-event writer.
 
 pub mod debug_pprof;
+pub mod pause_profile;
 pub mod pprof;
 pub mod profile_proto;
 pub mod profiles;

@@ -105,6 +105,7 @@ fn exposition() -> String {
             reason: "gc_mark_termination",
             duration_ns: 40_000,
             major_faults: 1,
+            record_id: None,
         },
     );
     m.fault(

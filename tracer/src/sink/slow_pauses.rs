@@ -51,11 +51,16 @@ impl From<&ProcessLabels> for LabelsJson {
     }
 }
 
+/// The id of the record of pause `p` (see `SlowPause::id`).
+pub fn record_id(p: &PauseRecord) -> String {
+    format!("{}-{}", p.pid, p.start_mono_ns)
+}
+
 impl SlowPause {
     pub fn new(labels: &ProcessLabels, record: PauseRecord) -> SlowPause {
         SlowPause {
             kind: "pause",
-            id: format!("{}-{}", record.pid, record.start_mono_ns),
+            id: record_id(&record),
             labels: labels.into(),
             record,
         }

@@ -97,7 +97,7 @@ impl Drop for Procs {
     }
 }
 
-fn url_encode(s: &str) -> String {
+pub fn url_encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
@@ -163,6 +163,12 @@ fn fake_go_binary(dir: &Path) -> PathBuf {
 }
 
 fn start_prometheus(procs: &mut Procs, agent_port: u16) -> u16 {
+    start_prometheus_with(procs, agent_port, &[])
+}
+
+/// A Prometheus scraping the agent every second, with `extra` flags; its
+/// port once it is ready.
+pub fn start_prometheus_with(procs: &mut Procs, agent_port: u16, extra: &[&str]) -> u16 {
     let port = free_port();
     let config = procs.dir.join("prometheus.yml");
     fs::write(
@@ -184,6 +190,7 @@ fn start_prometheus(procs: &mut Procs, agent_port: u16) -> u16 {
                 procs.dir.join("tsdb").display()
             ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(log),
     );

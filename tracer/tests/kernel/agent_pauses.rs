@@ -16,7 +16,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::{
-    agent::{Procs, free_port, http_get, start_agent, sum_series, wait_until},
+    agent::{
+        Procs, free_port, http_get, start_agent, start_prometheus_with, sum_series, url_encode,
+        wait_until,
+    },
     laggards::names_spinner,
     support::{build_workload, newest_go, ns, parse_report, require_root},
 };
@@ -58,6 +61,18 @@ fn every_slow_pause_go_counted_is_recorded_and_explained() {
     let matching = format!("^{}$", regex::escape(&bin.display().to_string()));
     let log_arg = ["--pause-log", log.to_str().unwrap()];
     start_agent(&mut procs, port, &matching, &log_arg);
+    let prometheus =
+        start_prometheus_with(&mut procs, port, &["--enable-feature=exemplar-storage"]);
+    // Its first scrape comes up to 5 s after it starts (target updates are
+    // applied every 5 s): the pauses must come after it.
+    wait_until(
+        "Prometheus to scrape the agent",
+        Duration::from_secs(30),
+        || {
+            http_get(prometheus, "/api/v1/query?query=up")
+                .filter(|(_, body)| body.contains(r#""value":["#) && body.contains(r#","1"]"#))
+        },
+    );
     let metrics = || {
         http_get(port, "/metrics")
             .map(|(_, b)| b)
@@ -149,14 +164,18 @@ fn every_slow_pause_go_counted_is_recorded_and_explained() {
         .iter()
         .filter(|r| r["reason"] == "read_mem_stats")
         .collect();
+    // Each round's in main.readStats, the last in main.report.
     let rms_named = rms
         .iter()
-        .filter(|r| functions(&r["caller"]).contains(&"main.readStats"))
+        .filter(|r| {
+            let f = functions(&r["caller"]);
+            f.contains(&"main.readStats") || f.contains(&"main.report")
+        })
         .count();
     eprintln!(
         "Go counted {go_slow} pauses wholly of 1 ms or more; {} records ({} waited 1 ms or more \
          to stop, {named} name the spinner; {explained} explained to 10%; {} of {} \
-         ReadMemStats stops name main.readStats)",
+         ReadMemStats stops name their caller)",
         recs.len(),
         waited.len(),
         rms_named,
@@ -220,4 +239,212 @@ fn every_slow_pause_go_counted_is_recorded_and_explained() {
     );
     let (status, _) = http_get(port, "/debug/pauses?min=fast").unwrap();
     assert_eq!(status, 400);
+
+    // Pause time as a profile: the spinner's loop first in `go tool pprof
+    // -top`, and its laggard total the records' stopping time their
+    // critical laggards account for.
+    let profile = get_bytes(port, &format!("/debug/pprof/pauses?pid={pid}"));
+    let decoded = tracer::formats::pprof::decode(&profile).expect("not a pprof profile");
+    let profiled: i64 = decoded.sample.iter().map(|s| s.value[0]).sum();
+    let expected: u64 = recs
+        .iter()
+        .filter(|r| r["laggards"].get(0).is_some())
+        .map(|r| {
+            let b = &r["breakdown"];
+            [
+                "stopping_on_cpu_ns",
+                "stopping_fault_ns",
+                "stopping_runnable_ns",
+                "stopping_blocked_ns",
+            ]
+            .iter()
+            .map(|k| ns(&b[*k]))
+            .sum::<u64>()
+        })
+        .sum();
+    assert_eq!(profiled as u64, expected, "the profile's laggard time");
+    let file = procs.dir().join("pauses.pb.gz");
+    std::fs::write(&file, &profile).unwrap();
+    let top = Command::new(&go.go)
+        .args(["tool", "pprof", "-top"])
+        .arg(&file)
+        .env("HOME", procs.dir())
+        .output()
+        .unwrap();
+    let top = String::from_utf8_lossy(&top.stdout);
+    let first = top
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .nth(1)
+        .and_then(|l| l.split_whitespace().last())
+        .unwrap_or_default()
+        .to_owned();
+    eprintln!("go tool pprof -top: {first} first; laggard time {profiled} ns");
+    assert_eq!(first, "main.spinLoop", "{top}");
+
+    // Prometheus keeps the exemplars of the duration buckets: each names a
+    // record /debug/pauses has.
+    let mut exemplars = Vec::new();
+    for _ in 0..30 {
+        exemplars = exemplar_ids(prometheus);
+        if !exemplars.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        !exemplars.is_empty(),
+        "no exemplars in Prometheus; its log:\n{}",
+        std::fs::read_to_string(procs.dir().join("prometheus.log")).unwrap_or_default()
+    );
+    let unknown: Vec<&String> = exemplars
+        .iter()
+        .filter(|id| !served.contains_key(*id))
+        .collect();
+    eprintln!(
+        "{} exemplars in Prometheus, {} not a record",
+        exemplars.len(),
+        unknown.len()
+    );
+    assert!(
+        unknown.is_empty(),
+        "exemplars naming no record: {unknown:?}"
+    );
+}
+
+/// The body of a GET, as bytes.
+fn get_bytes(port: u16, path: &str) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let at = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("no HTTP header");
+    assert!(raw.starts_with(b"HTTP/1.0 200") || raw.starts_with(b"HTTP/1.1 200"));
+    raw[at + 4..].to_vec()
+}
+
+/// The `pause_id`s of the exemplars Prometheus holds for the agent's
+/// pause durations (the last hour).
+fn exemplar_ids(prometheus: u16) -> Vec<String> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let q = url_encode("gostw_pause_duration_seconds_bucket{executable=\"stw\"}");
+    let Some((200, body)) = http_get(
+        prometheus,
+        &format!(
+            "/api/v1/query_exemplars?query={q}&start={}&end={}",
+            now - 3600,
+            now + 60
+        ),
+    ) else {
+        return Vec::new();
+    };
+
+    let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    v["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|series| series["exemplars"].as_array().cloned().unwrap_or_default())
+        .filter_map(|e| e["labels"]["pause_id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// A kB figure of `/proc/PID/status` (`VmRSS:`, `VmHWM:`).
+fn status_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} for pid {pid}"))
+}
+
+/// A storm: every pause recorded (`--slow-pause 0`) while a program stops
+/// the world thousands of times a second. The store stays at its bound and
+/// the log at its rate, what they let go is counted, and the agent's memory
+/// stays within its budget.
+#[test]
+fn a_storm_of_slow_pauses_stays_bounded_and_counted() {
+    require_root();
+    let go = newest_go();
+    let mut procs = Procs::new("agent-pause-storm");
+    let bin = procs.own(&build_workload("stw", &go, "", &[]));
+    let port = free_port();
+    let log = procs.dir().join("pauses.jsonl");
+    let matching = format!("^{}$", regex::escape(&bin.display().to_string()));
+    let agent_log = start_agent(
+        &mut procs,
+        port,
+        &matching,
+        &["--slow-pause", "0", "--pause-log", log.to_str().unwrap()],
+    );
+    let agent = procs.children.last().unwrap().1.id();
+    let metrics = || {
+        http_get(port, "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default()
+    };
+    let before_kib = status_kib(agent, "VmRSS:");
+    let mut child = Command::new(&bin)
+        .args(["-start-on-signal", "-gc", "0", "-readmemstats", "20000"])
+        .args(["-gomaxprocs", "0", "-alloc-mb", "0", "-duration", "8s"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    wait_until("the workload to be traced", Duration::from_secs(30), || {
+        (sum_series(
+            &metrics(),
+            "gostw_traced_processes",
+            &[r#"executable="stw""#],
+        ) == 1.0)
+            .then_some(())
+    });
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR1) }, 0);
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(child.wait().unwrap().success());
+    std::thread::sleep(Duration::from_millis(2500));
+    let m = metrics();
+    let get = |name: &str| {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{m}"))
+    };
+    let recorded = get("gostw_agent_slow_pauses_recorded_total");
+    let evicted = get("gostw_agent_slow_pauses_evicted_total");
+    let unlogged = get("gostw_agent_slow_pauses_unlogged_total");
+    let kept = get("gostw_agent_slow_pauses_kept");
+    let logged = std::fs::read_to_string(&log).unwrap().lines().count() as f64;
+    let served = records(port, "limit=1000000").len() as f64;
+    let peak_kib = status_kib(agent, "VmHWM:");
+    eprintln!(
+        "{recorded} recorded, {kept} kept ({served} served), {evicted} evicted, {logged} logged, \
+         {unlogged} not; agent RSS {before_kib} kB before, peak {peak_kib} kB"
+    );
+    let log_text = std::fs::read_to_string(&agent_log).unwrap_or_default();
+    assert!(
+        recorded >= 20_000.0,
+        "too few pauses for a storm: {recorded}\n{log_text}"
+    );
+    // The defaults: 200 per label set (one here), 50 lines a second.
+    assert_eq!((kept, served), (200.0, 200.0));
+    assert_eq!(kept + evicted, recorded);
+    assert_eq!(logged + unlogged, recorded);
+    assert!(logged <= 50.0 * 13.0, "the log's rate: {logged} lines");
+    assert!(
+        peak_kib < before_kib + 32 * 1024,
+        "the agent grew from {before_kib} kB to {peak_kib} kB"
+    );
 }

@@ -7,6 +7,9 @@
 //! Parameters, all optional: `executable`, `container`, `pid`, `since` (a
 //! duration back from now, e.g. `10m`, or a Unix time in seconds), `min`
 //! (a duration, e.g. `5ms`), `limit` (default 100).
+//!
+//! `GET /debug/pprof/pauses` (same filters, every record by default): the
+//! records' pause time as a pprof profile (`formats::pause_profile`).
 
 use std::{
     collections::HashMap,
@@ -22,7 +25,10 @@ use axum::{
 };
 
 use crate::{
-    formats::debug_pprof::peer_allowed,
+    formats::{
+        debug_pprof::{CONTENT_TYPE, peer_allowed},
+        pause_profile::{self, ProfiledPause},
+    },
     sink::{
         report::text::pause_line,
         slow_pauses::{Query, SharedStore},
@@ -30,6 +36,7 @@ use crate::{
 };
 
 pub const PATH: &str = "/debug/pauses";
+pub const PROFILE_PATH: &str = "/debug/pprof/pauses";
 
 /// Records a request gets when it does not say.
 pub const DEFAULT_LIMIT: usize = 100;
@@ -41,18 +48,22 @@ pub struct Pauses {
     pub allow_remote: bool,
 }
 
+/// An answer to a request's parameters from a peer at a time.
+type Answer = fn(&Pauses, IpAddr, &HashMap<String, String>, u64) -> Response;
+
 pub fn routes(pauses: Pauses) -> Router {
-    Router::new()
-        .route(
-            PATH,
-            get(
-                |State(p): State<Pauses>,
-                 ConnectInfo(peer): ConnectInfo<SocketAddr>,
-                 Params(q): Params<HashMap<String, String>>| async move {
-                    answer(&p, peer.ip(), &q, now_unix_ns())
-                },
-            ),
+    let route = |answer: Answer| {
+        get(
+            move |State(p): State<Pauses>,
+                  ConnectInfo(peer): ConnectInfo<SocketAddr>,
+                  Params(q): Params<HashMap<String, String>>| async move {
+                answer(&p, peer.ip(), &q, now_unix_ns())
+            },
         )
+    };
+    Router::new()
+        .route(PATH, route(answer))
+        .route(PROFILE_PATH, route(profile))
         .with_state(pauses)
 }
 
@@ -118,6 +129,62 @@ fn parse(params: &HashMap<String, String>, now_unix_ns: u64) -> Result<(Query, b
     Ok((q, as_text))
 }
 
+fn refused(peer: IpAddr) -> Response {
+    text(
+        StatusCode::FORBIDDEN,
+        format!(
+            "pause records are served to loopback peers only, not {peer}; start the agent with --pprof-allow-remote to serve others"
+        ),
+    )
+}
+
+/// The profile of the records `params` select, for `peer`.
+pub fn profile(
+    p: &Pauses,
+    peer: IpAddr,
+    params: &HashMap<String, String>,
+    now_unix_ns: u64,
+) -> Response {
+    if !peer_allowed(peer, p.allow_remote) {
+        return refused(peer);
+    }
+    let mut q = match parse(params, now_unix_ns) {
+        Ok((q, _)) => q,
+        Err(e) => return text(StatusCode::BAD_REQUEST, e),
+    };
+    if !params.contains_key("limit") {
+        q.limit = None;
+    }
+    let records = p.store.lock().unwrap_or_else(|e| e.into_inner()).query(&q);
+    let pauses: Vec<ProfiledPause> = records
+        .iter()
+        .map(|r| ProfiledPause {
+            record: &r.record,
+            executable: &r.labels.executable,
+            container: &r.labels.container,
+        })
+        .collect();
+    let mut query: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    query.sort();
+    let body = pause_profile::encode(
+        &pauses,
+        &format!("gostw agent {PROFILE_PATH}?{}", query.join("&")),
+    );
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, CONTENT_TYPE),
+            (
+                header::CONTENT_DISPOSITION,
+                "attachment; filename=\"pauses.pb.gz\"",
+            ),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
 /// The answer to `params` from `peer`.
 pub fn answer(
     p: &Pauses,
@@ -126,12 +193,7 @@ pub fn answer(
     now_unix_ns: u64,
 ) -> Response {
     if !peer_allowed(peer, p.allow_remote) {
-        return text(
-            StatusCode::FORBIDDEN,
-            format!(
-                "pause records are served to loopback peers only, not {peer}; start the agent with --pprof-allow-remote to serve others"
-            ),
-        );
+        return refused(peer);
     }
     let (q, as_text) = match parse(params, now_unix_ns) {
         Ok(q) => q,

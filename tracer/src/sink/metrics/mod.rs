@@ -13,7 +13,10 @@ use std::{
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    metrics::{
+        counter::Counter, exemplar::HistogramWithExemplars, family::Family, gauge::Gauge,
+        histogram::Histogram,
+    },
     registry::{Registry, Unit},
 };
 
@@ -93,6 +96,19 @@ struct StageLabel {
 
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
+/// The exemplar of a pause duration bucket: the slow-pause record of the
+/// last pause that fell in it (OpenMetrics only; /debug/pauses has it).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RecordId {
+    pub pause_id: String,
+}
+
+type PauseHistogram = HistogramWithExemplars<RecordId>;
+
+fn pause_histogram() -> PauseHistogram {
+    HistogramWithExemplars::new(SECONDS_BUCKETS.into_iter())
+}
+
 fn seconds_histogram() -> Histogram {
     Histogram::new(SECONDS_BUCKETS)
 }
@@ -110,7 +126,7 @@ fn bool_label(b: bool) -> &'static str {
 /// Every metric the agent serves.
 pub struct Metrics {
     registry: Registry,
-    pause_duration: Histograms<PauseLabels>,
+    pause_duration: Family<PauseLabels, PauseHistogram, fn() -> PauseHistogram>,
     pause_major_faults: Histograms<ProcessLabels>,
     stw_entries: Family<ProcessLabels, Counter>,
     major_faults: Family<FaultLabels, Counter>,
@@ -156,7 +172,7 @@ impl Metrics {
         let mut root = Registry::default();
         let r = root.sub_registry_with_prefix("gostw");
         let m = Metrics {
-            pause_duration: Histograms::new_with_constructor(seconds_histogram),
+            pause_duration: Family::new_with_constructor(pause_histogram),
             pause_major_faults: Histograms::new_with_constructor(fault_count_histogram),
             stw_entries: Family::default(),
             major_faults: Family::default(),
@@ -348,9 +364,10 @@ impl Metrics {
             process: labels.clone(),
             reason: p.reason,
         };
+        let exemplar = p.record_id.clone().map(|pause_id| RecordId { pause_id });
         self.pause_duration
             .get_or_create(&key)
-            .observe(p.duration_ns as f64 / 1e9);
+            .observe(p.duration_ns as f64 / 1e9, exemplar, None);
         self.pause_major_faults
             .get_or_create(labels)
             .observe(f64::from(p.major_faults));

@@ -2,7 +2,7 @@
 //! stack-growth sample that the Prometheus series record.
 
 /// One stop-the-world pause that ended.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct PauseObservation {
     /// Stable snake_case `stwReason` identifier (a fixed table, so a bounded
     /// label), e.g. "gc_mark_termination".
@@ -12,6 +12,9 @@ pub struct PauseObservation {
     pub duration_ns: u64,
     /// Major page faults that began inside the pause (any thread).
     pub major_faults: u32,
+    /// The id of its slow-pause record, if it has one: the exemplar of its
+    /// duration bucket.
+    pub record_id: Option<String>,
 }
 
 /// Whose read a faulting thread waited on.

@@ -17,7 +17,7 @@ use crate::{
         fault::{Fault, FaultKind},
         observed::{Membership, Observed},
     },
-    sink::Sink,
+    sink::{Sink, slow_pauses::record_id},
     targets::labels::ProcessLabels,
 };
 
@@ -33,6 +33,9 @@ pub struct MetricsSink {
     /// The backend marks every file-backed fault (an unmarked one is a
     /// swap-in).
     file_faults_seen: bool,
+    /// Pauses at least this long have a slow-pause record, named by the
+    /// exemplar of their duration bucket (None: no records kept).
+    record_threshold_ns: Option<u64>,
 }
 
 impl std::ops::Deref for MetricsSink {
@@ -70,7 +73,15 @@ impl MetricsSink {
             overflow_last: 0,
             shed_last: HashMap::new(),
             file_faults_seen: false,
+            record_threshold_ns: None,
         }
+    }
+
+    /// Name the slow-pause record of each pause of `threshold_ns` or more
+    /// in the exemplar of its duration bucket.
+    pub fn with_record_exemplars(mut self, threshold_ns: u64) -> MetricsSink {
+        self.record_threshold_ns = Some(threshold_ns);
+        self
     }
 
     /// Faults the kernel counted but did not send (outside pauses, under a
@@ -147,6 +158,10 @@ impl Sink for MetricsSink {
                             reason: p.record.reason,
                             duration_ns: p.record.duration_ns,
                             major_faults: u32::try_from(p.faults.len()).unwrap_or(u32::MAX),
+                            record_id: self
+                                .record_threshold_ns
+                                .filter(|&t| p.record.duration_ns >= t)
+                                .map(|_| record_id(&p.record)),
                         },
                     );
                     m.pause_explained(l, &p.record);

@@ -31,6 +31,7 @@ fn series_have_base_units_and_vanish_with_their_processes() {
             reason: "gc_mark_termination",
             duration_ns: 40_000_000,
             major_faults: 3,
+            record_id: Some("7-12".into()),
         },
     );
     m.fault(
@@ -73,6 +74,10 @@ fn series_have_base_units_and_vanish_with_their_processes() {
         ),
         format!(
             r#"gostw_pause_duration_seconds_bucket{{le="0.02",{l},reason="gc_mark_termination"}} 0"#
+        ),
+        // The bucket names the pause's record.
+        format!(
+            r#"gostw_pause_duration_seconds_bucket{{le="0.05",{l},reason="gc_mark_termination"}} 1 # {{pause_id="7-12"}} 0.04"#
         ),
         format!(r#"gostw_pause_major_faults_bucket{{le="5.0",{l}}} 1"#),
         format!(r#"gostw_pause_major_faults_bucket{{le="2.0",{l}}} 0"#),

@@ -1,0 +1,172 @@
+//! Pause time as a pprof profile, from slow-pause records: which code cost
+//! the most pause time. Two sample types, in nanoseconds:
+//!
+//! - `laggard` (the default view): per record, the stopping time its
+//!   critical laggard accounts for (the breakdown's `stopping_*` parts), on
+//!   that laggard's frames (the code that kept the world from stopping),
+//!   labelled with its `state`;
+//! - `caller`: per record, its whole duration on the stopping thread's
+//!   caller (the code that asked for the stop).
+//!
+//! Every sample is labelled `role` (laggard or caller), `reason`,
+//! `executable` and `container`, so `-tagfocus` splits them; the stacks are
+//! symbolized frames (no addresses), so profiles of many hosts merge.
+
+use super::pprof::{Label, Location, ProfileBuilder};
+use crate::{engine::pause::PauseRecord, image::Frame};
+
+/// The profile's locations from symbolized frames, innermost first: each
+/// location ends at a frame that is not inlined into the next.
+fn locations(frames: &[Frame]) -> Vec<Location> {
+    let mut out = Vec::new();
+    let mut current = Vec::new();
+    for f in frames {
+        current.push(f.clone());
+        if !f.inlined {
+            out.push(Location {
+                address: 0,
+                frames: std::mem::take(&mut current),
+            });
+        }
+    }
+    if !current.is_empty() {
+        out.push(Location {
+            address: 0,
+            frames: current,
+        });
+    }
+    out
+}
+
+/// The stopping time the critical laggard of `r` accounts for.
+pub fn laggard_ns(r: &PauseRecord) -> u64 {
+    r.breakdown.as_ref().map_or(0, |b| {
+        b.stopping_on_cpu_ns + b.stopping_fault_ns + b.stopping_runnable_ns + b.stopping_blocked_ns
+    })
+}
+
+/// One record of process labels `(executable, container)`.
+pub struct ProfiledPause<'a> {
+    pub record: &'a PauseRecord,
+    pub executable: &'a str,
+    pub container: &'a str,
+}
+
+/// The profile of `pauses`, gzipped.
+pub fn encode(pauses: &[ProfiledPause], comment: &str) -> Vec<u8> {
+    let mut b = ProfileBuilder::new(&[("laggard", "nanoseconds"), ("caller", "nanoseconds")]);
+    b.default_sample_type("laggard").comment(comment);
+    for p in pauses {
+        let r = p.record;
+        let common = |role: &str| {
+            let mut l = vec![
+                Label::str("role", role),
+                Label::str("reason", r.reason),
+                Label::str("executable", p.executable),
+            ];
+            if !p.container.is_empty() {
+                l.push(Label::str("container", p.container));
+            }
+            l
+        };
+        let lag = laggard_ns(r);
+        if let Some(l) = r.laggards.as_deref().and_then(<[_]>::first)
+            && lag > 0
+        {
+            let mut labels = common("laggard");
+            labels.push(Label::str(
+                "state",
+                serde_json::to_value(l.state)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+                    .as_str(),
+            ));
+            // Values match the sample types: the builder cannot refuse them.
+            let _ = b.add(&locations(&l.frames), &[lag as i64, 0], &labels);
+        }
+        if let Some(caller) = &r.caller {
+            let _ = b.add(
+                &locations(caller),
+                &[0, r.duration_ns as i64],
+                &common("caller"),
+            );
+        }
+    }
+    b.encode_gzip()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        engine::{
+            breakdown::Breakdown,
+            correlate::tests_support::record,
+            explain::{FramesFrom, LaggardRecord, LaggardStateName},
+        },
+        formats::pprof::decode,
+    };
+
+    fn frame(f: &str, inlined: bool) -> Frame {
+        Frame {
+            function: f.into(),
+            file: String::new(),
+            line: 1,
+            inlined,
+            start_line: 0,
+        }
+    }
+
+    #[test]
+    fn laggard_time_goes_to_its_frames_and_pause_time_to_the_caller() {
+        let mut r = record(7, 1, 10_000_000);
+        r.breakdown = Some(Box::new(Breakdown {
+            stopping_on_cpu_ns: 6_000_000,
+            stopping_runnable_ns: 2_000_000,
+            on_cpu_ns: 2_000_000,
+            ..Breakdown::default()
+        }));
+        r.laggards = Some(vec![LaggardRecord {
+            tid: 8,
+            state: LaggardStateName::OnCpu,
+            ns: 8_000_000,
+            on_cpu_ns: 6_000_000,
+            fault_ns: 0,
+            runnable_ns: 2_000_000,
+            blocked_ns: 0,
+            running_goroutine: true,
+            goid: None,
+            frames: vec![frame("main.leaf", true), frame("main.spinLoop", false)],
+            frames_from: FramesFrom::Sample,
+            held_samples: 6,
+            stopped_at: vec![],
+        }]);
+        r.caller = Some(vec![frame("runtime.GC", false), frame("main.main", false)]);
+        let p = decode(&encode(
+            &[ProfiledPause {
+                record: &r,
+                executable: "api",
+                container: "",
+            }],
+            "test",
+        ))
+        .unwrap();
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        assert_eq!(s(p.default_sample_type), "laggard");
+        let totals: Vec<i64> = (0..2)
+            .map(|i| p.sample.iter().map(|x| x.value[i]).sum())
+            .collect();
+        assert_eq!(totals, [8_000_000, 10_000_000]);
+        // The laggard's leaf location holds the inlined frame and its caller.
+        let lag = p.sample.iter().find(|x| x.value[0] > 0).unwrap();
+        let loc = &p.location[lag.location_id[0] as usize - 1];
+        let names: Vec<&str> = loc
+            .line
+            .iter()
+            .map(|l| s(p.function[l.function_id as usize - 1].name))
+            .collect();
+        assert_eq!(names, ["main.leaf", "main.spinLoop"]);
+        assert_eq!(lag.location_id.len(), 1);
+    }
+}
