@@ -1,12 +1,15 @@
 //! `--pprof FILE` and `--timeline FILE`: the files a front end writes
 //! beside its report, as sinks of the same stream.
 
-use std::path::PathBuf;
+use std::{collections::HashMap, path::PathBuf};
 
 use anyhow::{Context as _, bail};
 use tracer::{
     engine::observed::Observed,
-    formats::profiles::ProfileKind,
+    formats::{
+        pause_profile::{PauseProfile, ProfiledPause},
+        profiles::{ProfileKind, path_for},
+    },
     kernel::CoreOptions,
     sink::{
         Sink,
@@ -21,10 +24,11 @@ use tracer::{
 #[derive(clap::Args, Debug, Default)]
 pub struct FileOptions {
     /// Write a pprof profile (gzipped profile.proto, for `go tool pprof`)
-    /// here when tracing ends; `attach` and `run` write both profiles, the
+    /// here when tracing ends; `attach` and `run` write every profile, the
     /// kind before the extension (out.pb.gz: out.faults.pb.gz,
-    /// out.stackgrowth.pb.gz). Not a directory or a device. Files appear
-    /// when complete.
+    /// out.stackgrowth.pb.gz, and out.pauses.pb.gz: pause time by the
+    /// laggards' and the callers' code). Not a directory or a device. Files
+    /// appear when complete.
     #[arg(long, value_name = "FILE", value_parser = profile_path)]
     pub pprof: Option<PathBuf>,
     /// Write pauses, major faults and stack growths as a trace-event
@@ -59,10 +63,21 @@ pub enum Profiles {
     StackGrowth,
 }
 
+/// `--pprof`'s pause-time profile (attach and run, with the explanation):
+/// built as pauses come, written whole at the end.
+struct PauseFile {
+    profile: PauseProfile,
+    file: WholeFile,
+    path: PathBuf,
+    /// Executable and container of each traced process.
+    labels: HashMap<u32, (String, String)>,
+}
+
 /// The file sinks of one trace.
 #[derive(Default)]
 pub struct Outputs {
     profiles: Option<ProfileFiles>,
+    pauses: Option<PauseFile>,
     timeline: Option<(TimelineSink, SharedFile, PathBuf)>,
     /// `--output FILE`, completed after the report's last line.
     pub output: Option<SharedFile>,
@@ -96,6 +111,16 @@ impl Outputs {
                 .stacks
                 .map_or((Mode::Sampled, 99), |s| (s.mode, s.sample_hz));
             let comment: Vec<String> = std::env::args().collect();
+            if which == Profiles::Traced && core.explain {
+                let pauses = path_for(path, "pauses");
+                out.pauses = Some(PauseFile {
+                    profile: PauseProfile::new(&comment.join(" ")),
+                    file: WholeFile::create(&pauses)
+                        .with_context(|| format!("creating {}", pauses.display()))?,
+                    path: pauses,
+                    labels: HashMap::new(),
+                });
+            }
             let files = ProfileFiles::create(files, mode, hz, comment.join(" "))
                 .with_context(|| format!("creating the --pprof file(s) of {}", path.display()))?;
             out.profiles = Some(files);
@@ -122,6 +147,22 @@ impl Outputs {
                 tracer::say!("gostw: wrote {} ({total} in all)", path.display());
             }
         }
+        if let Some(PauseFile {
+            profile,
+            mut file,
+            path,
+            ..
+        }) = self.pauses
+        {
+            std::io::Write::write_all(&mut file, &profile.encode())
+                .and_then(|()| file.commit())
+                .with_context(|| format!("writing {}", path.display()))?;
+            tracer::say!(
+                "gostw: wrote {} ({} pauses with a laggard or a caller)",
+                path.display(),
+                profile.pauses()
+            );
+        }
         if let Some((t, file, path)) = self.timeline {
             let pauses = t.pauses();
             t.finish()
@@ -136,6 +177,27 @@ impl Outputs {
 impl Sink for Outputs {
     fn observe(&mut self, o: &Observed) {
         self.profiles.observe(o);
+        if let Some(p) = &mut self.pauses {
+            match o {
+                Observed::Started(info) => {
+                    let l = &info.labels;
+                    p.labels
+                        .insert(info.pid, (l.executable.clone(), l.container.clone()));
+                }
+                Observed::Pause(pause) => {
+                    let (exe, container) = p
+                        .labels
+                        .get(&pause.record.pid)
+                        .map_or(("", ""), |(e, c)| (e.as_str(), c.as_str()));
+                    p.profile.add(&ProfiledPause {
+                        record: &pause.record,
+                        executable: exe,
+                        container,
+                    });
+                }
+                _ => {}
+            }
+        }
         if let Some((t, ..)) = &mut self.timeline {
             t.observe(o);
         }

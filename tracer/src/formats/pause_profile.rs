@@ -52,11 +52,27 @@ pub struct ProfiledPause<'a> {
     pub container: &'a str,
 }
 
-/// The profile of `pauses`, gzipped.
-pub fn encode(pauses: &[ProfiledPause], comment: &str) -> Vec<u8> {
-    let mut b = ProfileBuilder::new(&[("laggard", "nanoseconds"), ("caller", "nanoseconds")]);
-    b.default_sample_type("laggard").comment(comment);
-    for p in pauses {
+/// A pause-time profile built as pauses come: memory grows with the
+/// distinct stacks, not with the pauses.
+pub struct PauseProfile {
+    builder: ProfileBuilder,
+    pauses: u64,
+}
+
+impl PauseProfile {
+    pub fn new(comment: &str) -> PauseProfile {
+        let mut builder =
+            ProfileBuilder::new(&[("laggard", "nanoseconds"), ("caller", "nanoseconds")]);
+        builder.default_sample_type("laggard").comment(comment);
+        PauseProfile { builder, pauses: 0 }
+    }
+
+    /// Pauses added that put time on a stack.
+    pub fn pauses(&self) -> u64 {
+        self.pauses
+    }
+
+    pub fn add(&mut self, p: &ProfiledPause) {
         let r = p.record;
         let common = |role: &str| {
             let mut l = vec![
@@ -69,31 +85,47 @@ pub fn encode(pauses: &[ProfiledPause], comment: &str) -> Vec<u8> {
             }
             l
         };
+        let mut added = false;
         let lag = laggard_ns(r);
         if let Some(l) = r.laggards.as_deref().and_then(<[_]>::first)
             && lag > 0
         {
             let mut labels = common("laggard");
-            labels.push(Label::str(
-                "state",
-                serde_json::to_value(l.state)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default()
-                    .as_str(),
-            ));
+            let state = serde_json::to_value(l.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            labels.push(Label::str("state", &state));
             // Values match the sample types: the builder cannot refuse them.
-            let _ = b.add(&locations(&l.frames), &[lag as i64, 0], &labels);
+            let _ = self
+                .builder
+                .add(&locations(&l.frames), &[lag as i64, 0], &labels);
+            added = true;
         }
         if let Some(caller) = &r.caller {
-            let _ = b.add(
+            let _ = self.builder.add(
                 &locations(caller),
                 &[0, r.duration_ns as i64],
                 &common("caller"),
             );
+            added = true;
         }
+        self.pauses += u64::from(added);
     }
-    b.encode_gzip()
+
+    /// The profile, gzipped.
+    pub fn encode(&self) -> Vec<u8> {
+        self.builder.encode_gzip()
+    }
+}
+
+/// The profile of `pauses`, gzipped.
+pub fn encode(pauses: &[ProfiledPause], comment: &str) -> Vec<u8> {
+    let mut profile = PauseProfile::new(comment);
+    for p in pauses {
+        profile.add(p);
+    }
+    profile.encode()
 }
 
 #[cfg(test)]

@@ -24,6 +24,19 @@ pub enum ProfileKind {
     StackGrowth,
 }
 
+/// `file` with `kind` before its extension: `out.pb.gz` ->
+/// `out.<kind>.pb.gz`, `out` -> `out.<kind>`.
+pub fn path_for(file: &Path, kind: &str) -> PathBuf {
+    let name = file
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let (stem, ext) = match name.find('.') {
+        Some(i) if i > 0 => name.split_at(i),
+        _ => (name.as_str(), ""),
+    };
+    file.with_file_name(format!("{stem}.{kind}{ext}"))
+}
+
 impl ProfileKind {
     /// The endpoint's path.
     pub fn path(self) -> &'static str {
@@ -45,14 +58,7 @@ impl ProfileKind {
     /// (attach, run): the kind before the extension, `out.pb.gz` ->
     /// `out.faults.pb.gz`, `out` -> `out.faults`.
     pub fn path_for(self, file: &Path) -> PathBuf {
-        let name = file
-            .file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let (stem, ext) = match name.find('.') {
-            Some(i) if i > 0 => name.split_at(i),
-            _ => (name.as_str(), ""),
-        };
-        file.with_file_name(format!("{stem}.{}{ext}", self.name()))
+        path_for(file, self.name())
     }
 
     /// `Content-Disposition`, as net/http/pprof names a download.

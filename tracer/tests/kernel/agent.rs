@@ -525,6 +525,50 @@ fn agent_exports_major_faults_in_pauses() {
     assert!(per_pause_sum > 0.0 && per_pause_sum <= in_pause_all + 0.5);
     assert!(own > 0.0, "no own waits");
     assert!(body.contains("gostw_agent_events_lost_total{stage=\"fault_queue_full\"} 0"));
+
+    // The slow-pause records of those pauses carry their faults by phase
+    // and name the runtime's GC metadata sites.
+    let (status, records) = http_get(port, &format!("/debug/pauses?pid={pid}&limit=100000"))
+        .expect("no answer from /debug/pauses");
+    assert_eq!(status, 200, "{records}");
+    let faulting: Vec<Value> = records
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r["faults"]["all"]["faults"].as_u64().unwrap_or(0) > 0)
+        .collect();
+    let gc_sites = faulting
+        .iter()
+        .filter(|r| {
+            let sites = r["faults"]["top_sites"].to_string();
+            crate::faults::GC_FRAMES.iter().any(|f| sites.contains(f))
+        })
+        .count();
+    eprintln!(
+        "{} slow-pause records with faults, {gc_sites} naming a GC metadata site",
+        faulting.len()
+    );
+    assert!(
+        faulting.len() >= ROUNDS,
+        "{} records with faults",
+        faulting.len()
+    );
+    for r in &faulting {
+        let phases = &r["faults"]["by_phase"];
+        let by_phase: u64 = ["stopping", "stopped", "restarting"]
+            .iter()
+            .map(|k| phases[*k]["faults"].as_u64().unwrap_or(0))
+            .sum();
+        assert_eq!(
+            by_phase,
+            r["faults"]["all"]["faults"].as_u64().unwrap(),
+            "{r}"
+        );
+    }
+    assert!(
+        gc_sites * 2 >= faulting.len(),
+        "GC sites in {gc_sites} of {}",
+        faulting.len()
+    );
     let _ = workload.quit();
 }
 

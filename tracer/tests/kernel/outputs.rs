@@ -283,6 +283,19 @@ fn attach_outputs_match_its_json_on_the_pageout_scenario() {
     // The fault profile: what the summary counts, in pprof's own words.
     let faults_file = dir.join("out.faults.pb.gz");
     assert!(dir.join("out.stackgrowth.pb.gz").is_file(), "{err}");
+    let pauses_profile =
+        tracer::formats::pprof::decode(&std::fs::read(dir.join("out.pauses.pb.gz")).unwrap())
+            .expect("out.pauses.pb.gz is not a profile");
+    let caller_ns: i64 = pauses_profile.sample.iter().map(|s| s.value[1]).sum();
+    let with_caller: u64 = pauses
+        .iter()
+        .filter(|p| p["caller"].is_array())
+        .map(|p| ns(&p["duration_ns"]))
+        .sum();
+    assert_eq!(
+        caller_ns as u64, with_caller,
+        "the pause profile's caller time"
+    );
     let proc = &summary["faults"]["processes"][0];
     let (inside, all) = (
         proc["in_pauses"]["faults"].as_u64().unwrap(),
