@@ -195,9 +195,6 @@ fn follow_out(
         }
         return;
     }
-    if d.phase == PHASE_RESTARTING {
-        return;
-    }
     // What this thread owed since its last switch-out. The entry probe's
     // guess that a candidate was off the CPU held only if a switch-in
     // closed that interval; still open, the thread was running.
@@ -219,7 +216,8 @@ fn follow_out(
     let is_candidate = m != 0;
     // A candidate that stopped without leaving the CPU before the stopping
     // thread's stopping probe: it leaves it now, once (it stopped by
-    // `finishedStopping`, where user space clamps it).
+    // `finishedStopping`, where user space clamps it), even if the restart
+    // has begun (on a busy host the stopping thread can be that quick).
     if d.phase != PHASE_STOPPING && (!is_candidate || has_slot(d, tid)) {
         return;
     }

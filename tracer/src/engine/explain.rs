@@ -27,10 +27,12 @@ pub fn complete(rec: &mut PauseRecord, faults: &[Fault]) {
     let restart = input.restart_ns.filter(|r| (start..end).contains(r));
     rec.restarting_ns = restart.map(|r| end - r);
     let stop_end = finished.unwrap_or(end);
+    // A laggard the sampler found running but never saw leave the CPU
+    // while the world stopped held it until the end of stopping.
     let mut laggards: Vec<(LaggardRecord, u64, OffCpu)> = input
         .laggards
         .iter()
-        .filter(|l| l.last_out_ns > start)
+        .filter(|l| l.last_out_ns > start || l.held_samples > 0)
         .map(|l| laggard(l, start, stop_end, faults))
         .collect();
     laggards.sort_by(|a, b| b.0.ns.cmp(&a.0.ns).then(a.0.tid.cmp(&b.0.tid)));
@@ -76,7 +78,11 @@ fn laggard(
     stop_end: u64,
     faults: &[Fault],
 ) -> (LaggardRecord, u64, OffCpu) {
-    let until = l.last_out_ns.min(stop_end);
+    let until = if l.last_out_ns > start {
+        l.last_out_ns.min(stop_end)
+    } else {
+        stop_end
+    };
     let ns = until.saturating_sub(start);
     // Its faults' waits inside [start, until): part of its blocked time.
     let mine: Vec<&Fault> = faults
@@ -334,6 +340,35 @@ mod tests {
         assert_eq!((l[2].tid, l[2].state), (4, LaggardStateName::Blocked));
         assert_eq!(l[2].frames, vec![Frame::unknown(0x99)]);
         assert_eq!(l[2].frames_from, FramesFrom::StoppedAt);
+    }
+
+    /// A laggard the sampler found running whose switch-out came only after
+    /// the restart began held the world until the end of stopping; one
+    /// with neither is no laggard.
+    #[test]
+    fn a_sampled_laggard_never_seen_leaving_held_it_to_the_end() {
+        let mut rec = record(1, 100 * MS, 10 * MS);
+        rec.stopping_ns = Some(8 * MS);
+        let mut sampled = raw(2, 0, (0, 0));
+        sampled.held = vec![Frame::unknown(0x42)];
+        sampled.held_samples = 7;
+        rec.explain_input = Some(Box::new(ExplainInput {
+            sched: true,
+            restart_ns: None,
+            stopper: StopperTime::default(),
+            laggards: vec![sampled, raw(3, 0, (0, 0))],
+            laggards_dropped: 0,
+        }));
+        complete(&mut rec, &[]);
+        let l = rec.laggards.as_ref().unwrap();
+        assert_eq!(l.len(), 1);
+        assert_eq!(
+            (l[0].tid, l[0].ns, l[0].state),
+            (2, 8 * MS, LaggardStateName::OnCpu)
+        );
+        assert_eq!(l[0].frames_from, FramesFrom::Sample);
+        let b = rec.breakdown.as_ref().unwrap();
+        assert_eq!((b.stopping_on_cpu_ns, b.unexplained_ns), (8 * MS, 0));
     }
 
     /// Never sampled (it waited for a CPU through the stop), a laggard the
