@@ -301,9 +301,14 @@ impl Engine {
             match wake {
                 Wake::Events => loop {
                     // Batches: what is decoded reaches the sinks before more
-                    // is read, so memory stays bounded under a storm.
-                    let n = self.drain_batch();
-                    self.stream.settle(monotonic_ns(), &mut self.out);
+                    // is read, so memory stays bounded under a storm. A pause
+                    // is released only once the faults of its grace period
+                    // were read: up to now if the fault buffer was read to its
+                    // end, else up to the newest fault read.
+                    let (n, read_up_to) = self.drain_batch();
+                    let now = monotonic_ns();
+                    let settled = read_up_to.map_or(now, |t| t.min(now));
+                    self.stream.settle(settled, &mut self.out);
                     self.deliver(sink);
                     if n < BATCH {
                         break;
@@ -524,16 +529,23 @@ impl Engine {
         reader.drain(|raw| stream.feed(raw, out));
     }
 
-    /// `drain`, at most `BATCH` records of each ring buffer; how many in
-    /// all.
-    fn drain_batch(&mut self) -> usize {
+    /// `drain`, at most `BATCH` records of each ring buffer: the larger
+    /// count, and the time of the newest fault or stack-growth record read
+    /// if that buffer was not read to its end.
+    fn drain_batch(&mut self) -> (usize, Option<u64>) {
         let Engine {
             reader,
             stream,
             out,
             ..
         } = self;
-        reader.drain_at_most(BATCH, |raw| stream.feed(raw, out))
+        let pauses = reader.drain_pauses(BATCH, |raw| stream.feed(raw, out));
+        let mut newest = 0;
+        let events = reader.drain_events(BATCH, |raw| {
+            newest = newest.max(self::reader::record_ts_ns(raw));
+            stream.feed(raw, out)
+        });
+        (pauses.max(events), (events >= BATCH).then_some(newest))
     }
 
     fn deliver(&mut self, sink: &mut dyn Sink) {

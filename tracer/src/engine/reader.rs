@@ -53,16 +53,29 @@ impl EventReader {
     /// Hand every record already in the buffers to `f`, without waiting:
     /// pauses first (a pause's faults may arrive before or after it; the
     /// correlator takes either order).
-    pub fn drain(&mut self, f: impl FnMut(&[u8])) -> usize {
-        self.drain_at_most(usize::MAX, f)
+    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
+        self.drain_pauses(usize::MAX, &mut f) + self.drain_events(usize::MAX, &mut f)
     }
 
-    /// `drain`, at most `limit` records of each buffer: under a storm the
-    /// kernel fills them as fast as they are read, and a drain that chased
-    /// it would hold every decoded record until it caught up.
-    pub fn drain_at_most(&mut self, limit: usize, mut f: impl FnMut(&[u8])) -> usize {
-        drain(self.pauses.get_mut(), limit, &mut f) + drain(self.events.get_mut(), limit, &mut f)
+    /// At most `limit` records of the pause buffer (`drain` in parts: under
+    /// a storm the kernel fills the buffers as fast as they are read, and a
+    /// drain that chased it would hold every decoded record until it caught
+    /// up).
+    pub fn drain_pauses(&mut self, limit: usize, mut f: impl FnMut(&[u8])) -> usize {
+        drain(self.pauses.get_mut(), limit, &mut f)
     }
+
+    /// At most `limit` records of the fault and stack-growth buffer.
+    pub fn drain_events(&mut self, limit: usize, mut f: impl FnMut(&[u8])) -> usize {
+        drain(self.events.get_mut(), limit, &mut f)
+    }
+}
+
+/// A record's `EventHeader::ts_ns` (0 if it is too short to have one).
+pub fn record_ts_ns(raw: &[u8]) -> u64 {
+    raw.get(16..24)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_ne_bytes)
 }
 
 fn drain(ring: &mut RingBuf<MapData>, limit: usize, f: &mut impl FnMut(&[u8])) -> usize {

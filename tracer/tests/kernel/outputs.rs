@@ -290,7 +290,7 @@ fn attach_outputs_match_its_json_on_the_pageout_scenario() {
     let with_caller: u64 = pauses
         .iter()
         .filter(|p| p["caller"].is_array())
-        .map(|p| ns(&p["duration_ns"]))
+        .map(|p| p["duration_ns"].as_u64().unwrap())
         .sum();
     assert_eq!(
         caller_ns as u64, with_caller,
