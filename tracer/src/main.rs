@@ -65,7 +65,7 @@ fn main() -> ExitCode {
             Command::Run(args) => cli::run::run(args).await,
             Command::Inspect(args) => tracer::inspect::run(&args).map(|()| 0),
             Command::Stacks(args) => cli::stacks::run(args).await,
-            Command::Agent(args) => tracer::agent::run(args).await.map(|()| 0),
+            Command::Agent(args) => cli::agent::run(args).await.map(|()| 0),
             Command::Faults(args) => cli::faults::run(args).await,
             Command::Pauses(args) => cli::pauses::run(args),
             Command::Memory(args) => cli::memory::run(args),

@@ -19,7 +19,6 @@ use std::{
 };
 
 use anyhow::Context as _;
-use regex::Regex;
 
 use crate::{
     engine::{Engine, Stop, Until},
@@ -34,85 +33,36 @@ use crate::{
     targets::{Target, discovery::Filter, tracker::Limits},
 };
 
-/// `gostw agent` options.
-#[derive(clap::Args, Debug)]
-pub struct Args {
-    /// Address to serve /metrics and /healthz on.
-    #[arg(long, default_value = "127.0.0.1:9477")]
+/// What the agent does (`cli::agent` makes it from the command line).
+#[derive(Debug)]
+pub struct Options {
+    /// Where /metrics, /healthz and the /debug endpoints are served.
     pub listen: SocketAddr,
-    /// Serve /debug/pprof/* and /debug/pauses to peers other than loopback
-    /// ones (profiles and records name code, files and containers; by
-    /// default only 127.0.0.0/8 and ::1 get them).
-    #[arg(long)]
-    pub pprof_allow_remote: bool,
-    /// Record every pause at least this long, with its explanation, for
-    /// /debug/pauses, `gostw pauses` and the pause log (0: every pause).
-    #[arg(long, value_name = "DURATION", default_value = "1ms", value_parser = crate::units::parse_duration)]
-    pub slow_pause: Duration,
-    /// Slow-pause records kept in memory in all, and per label set
-    /// (executable, container); the oldest go first (counted in
-    /// gostw_agent_slow_pauses_evicted_total).
-    #[arg(long, value_name = "N", default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub slow_pauses_kept: u32,
-    #[arg(long, value_name = "N", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub slow_pauses_per_set: u32,
-    /// Where each slow-pause record is written as a JSON line: stdout, off,
-    /// or a file (rotated to PATH.1 at --pause-log-max-mib).
-    #[arg(long, value_name = "stdout|off|PATH", default_value = "stdout")]
-    pub pause_log: String,
-    #[arg(long, value_name = "MIB", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
-    pub pause_log_max_mib: u64,
-    /// Pause log lines written per second at most; the rest are counted
-    /// (gostw_agent_slow_pauses_unlogged_total) and stay in /debug/pauses.
-    #[arg(long, value_name = "N", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub pause_log_rate: u32,
-    /// Only trace processes whose executable path or command name matches.
-    #[arg(long = "match", value_name = "REGEX", value_parser = parse_regex)]
-    pub name: Option<Regex>,
-    /// Only trace processes in this cgroup or below (e.g. /kubepods.slice).
-    #[arg(long, value_name = "PATH")]
-    pub cgroup: Option<String>,
-    /// How often /proc is compared with the previous poll (new processes are
-    /// traced at most this long after they start). E.g. 500ms, 1s, 2m.
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    /// Serve /debug/* to peers other than loopback ones.
+    pub debug_allow_remote: bool,
+    pub filter: Filter,
     pub poll_interval: Duration,
-    /// Executables traced at once; more are counted as attach failures.
-    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_executables: u32,
-    /// Distinct (executable, container) label sets at once; more share the
-    /// container label "_overflow".
-    #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_label_sets: u32,
-    /// Do not explain pauses: no stopping phase (Go 1.22+), laggards,
-    /// callers or breakdown, and no scheduler programs. The explanation is
-    /// on by default: the stopping probe lengthens every pause by about
-    /// 0.8 us (docs/guide/attach-and-run.md, "Stopping phase"), and what
-    /// makes a slow pause slow is known only if it was gathered then.
-    #[arg(long)]
-    pub no_explain: bool,
-    /// The default since the explanation is on by default; kept so that
-    /// existing command lines still parse.
-    #[arg(long, hide = true, conflicts_with = "no_explain")]
-    pub stopping: bool,
-    /// How often each traced process's memory exposure is read for
-    /// gostw_process_memory_bytes (first at once; 0: never; else at least
-    /// 100ms). E.g. 60s, 5m.
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::units::parse_interval)]
+    /// Gather each pause's explanation (stopping phase, laggards, caller,
+    /// breakdown).
+    pub explain: bool,
+    /// How often each traced process's memory exposure is read (zero: never).
     pub exposure_every: Duration,
+    /// Pauses at least this long are recorded.
+    pub slow_pause: Duration,
+    pub store: StoreLimits,
+    pub pause_log: PauseLogTo,
+    pub pause_log_max_bytes: u64,
+    pub pause_log_rate: u32,
 }
 
-fn parse_regex(s: &str) -> Result<Regex, String> {
-    Regex::new(s).map_err(|e| format!("not a valid regular expression: {e}"))
-}
-
-/// A poll interval: "250ms", "1s", "2m" (`units::parse_duration`), between
-/// 10 ms and 1 hour.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = crate::units::parse_duration(s)?;
-    if !(Duration::from_millis(10)..=Duration::from_secs(3600)).contains(&d) {
-        return Err(format!("{s} is outside 10ms..1h"));
-    }
-    Ok(d)
+/// Where the pause log goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PauseLogTo {
+    Stdout,
+    Off,
+    File(std::path::PathBuf),
 }
 
 /// CPU samples per second per CPU of the stack growth sampler: the
@@ -138,7 +88,7 @@ pub fn core_options(explain: bool) -> CoreOptions {
 }
 
 /// Run the agent until SIGINT or SIGTERM.
-pub async fn run(args: Args) -> anyhow::Result<()> {
+pub async fn run(args: Options) -> anyhow::Result<()> {
     // Bind first: a port in use fails before anything touches the kernel.
     let listener = server::bind(args.listen)?;
     let addr = listener.local_addr()?;
@@ -147,7 +97,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         max_label_sets: args.max_label_sets as usize,
         ..Limits::default()
     };
-    let mut engine = Engine::new(core_options(!args.no_explain), limits)?;
+    let mut engine = Engine::new(core_options(args.explain), limits)?;
     if !args.exposure_every.is_zero() {
         engine.watch_exposure(args.exposure_every, false);
     }
@@ -157,22 +107,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let profiles = server::Profiles {
         store: Arc::new(std::sync::Mutex::new(Store::new())),
         sample_hz: SAMPLE_HZ,
-        allow_remote: args.pprof_allow_remote,
+        allow_remote: args.debug_allow_remote,
         windows: Default::default(),
     };
     let pauses = server::Pauses {
-        store: Arc::new(std::sync::Mutex::new(SlowPauseStore::new(StoreLimits {
-            total: args.slow_pauses_kept as usize,
-            per_label_set: args.slow_pauses_per_set as usize,
-        }))),
-        allow_remote: args.pprof_allow_remote,
+        store: Arc::new(std::sync::Mutex::new(SlowPauseStore::new(args.store))),
+        allow_remote: args.debug_allow_remote,
     };
-    let log = match args.pause_log.as_str() {
-        "off" => None,
-        "stdout" | "-" => Some(PauseLog::stdout(args.pause_log_rate)),
-        path => Some(PauseLog::file(
-            path.into(),
-            args.pause_log_max_mib << 20,
+    let log = match &args.pause_log {
+        PauseLogTo::Off => None,
+        PauseLogTo::Stdout => Some(PauseLog::stdout(args.pause_log_rate)),
+        PauseLogTo::File(path) => Some(PauseLog::file(
+            path.clone(),
+            args.pause_log_max_bytes,
             args.pause_log_rate,
         )?),
     };
@@ -201,7 +148,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     crate::say!(
         "gostw agent: serving http://{addr}/metrics, /debug/pauses and /debug/pprof/{{faults,stackgrowth}} ({}); polling /proc every {:?}; recording pauses of {} or more",
-        if args.pprof_allow_remote {
+        if args.debug_allow_remote {
             "records and profiles to any peer"
         } else {
             "records and profiles to loopback peers"
@@ -209,11 +156,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         args.poll_interval,
         crate::units::fmt_ns(args.slow_pause.as_nanos() as u64)
     );
-    let filter = Filter {
-        name: args.name,
-        cgroup: args.cgroup,
-    };
-    let mut target = Target::host(filter, args.poll_interval);
+    let mut target = Target::host(args.filter, args.poll_interval);
     // The same stream to the metrics, the profiles and the records the HTTP
     // thread reads.
     let mut sink = (
@@ -333,15 +276,5 @@ mod tests {
         sink.observe_all(&out);
         assert!(text(&metrics).contains("gostw_agent_events_lost_total{stage=\"unattributed\"} 1"));
         assert_eq!(tracker.kernel().detaches, [1]);
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        for bad in ["1", "s", "2h", "0", "5ms", "2d", "-1s"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
     }
 }

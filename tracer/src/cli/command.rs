@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
-use super::{attach, faults, memory, pauses, run, stacks};
+use super::{agent, attach, faults, memory, pauses, run, stacks};
 
 #[derive(Parser)]
 #[command(
@@ -30,7 +30,7 @@ pub enum Command {
     Stacks(stacks::StacksArgs),
     /// Node agent: trace every Go process of the host, serve Prometheus
     /// metrics, and record every slow pause with its explanation.
-    Agent(crate::agent::Args),
+    Agent(agent::Args),
     /// The agent's slow-pause records (its /debug/pauses), newest first:
     /// what held the world, who asked for the stop, and the faults.
     Pauses(pauses::Args),

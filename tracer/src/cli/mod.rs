@@ -1,6 +1,7 @@
 //! The command line's front ends: each is a target, options and a report
 //! view on the one engine (`trace`).
 
+pub mod agent;
 pub mod attach;
 pub mod command;
 pub mod faults;

@@ -310,6 +310,34 @@ fn every_slow_pause_go_counted_is_recorded_and_explained() {
         unknown.is_empty(),
         "exemplars naming no record: {unknown:?}"
     );
+
+    // The agent restarts (SIGTERM, then a new one on the same log): the
+    // log still has every record.
+    let agent = procs
+        .children
+        .iter()
+        .find(|(name, _)| name == "gostw agent")
+        .map(|(_, c)| c.id())
+        .unwrap();
+    // SAFETY: signalling our own child.
+    assert_eq!(
+        unsafe { libc::kill(agent as libc::pid_t, libc::SIGTERM) },
+        0
+    );
+    wait_until("the agent to exit", Duration::from_secs(30), || {
+        let stat = std::fs::read_to_string(format!("/proc/{agent}/stat")).ok()?;
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .then_some(())
+    });
+    start_agent(&mut procs, free_port(), &matching, &log_arg);
+    let kept = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["pid"] == pid)
+        .count();
+    assert_eq!(kept, served.len(), "records in the log after the restart");
 }
 
 /// The body of a GET, as bytes.

@@ -1,0 +1,142 @@
+//! `gostw agent`'s command line: its options, checked and made into the
+//! agent's `Options`.
+
+use std::{net::SocketAddr, time::Duration};
+
+use regex::Regex;
+use tracer::{
+    agent::{Options, PauseLogTo},
+    sink::slow_pauses::StoreLimits,
+    targets::discovery::Filter,
+};
+
+/// `gostw agent` options.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Address to serve /metrics and /healthz on.
+    #[arg(long, default_value = "127.0.0.1:9477")]
+    pub listen: SocketAddr,
+    /// Serve /debug/pprof/* and /debug/pauses to peers other than loopback
+    /// ones (profiles and records name code, files and containers; by
+    /// default only 127.0.0.0/8 and ::1 get them).
+    #[arg(long)]
+    pub pprof_allow_remote: bool,
+    /// Record every pause at least this long, with its explanation, for
+    /// /debug/pauses, `gostw pauses` and the pause log (0: every pause).
+    #[arg(long, value_name = "DURATION", default_value = "1ms", value_parser = tracer::units::parse_duration)]
+    pub slow_pause: Duration,
+    /// Slow-pause records kept in memory in all, and per label set
+    /// (executable, container); the oldest go first (counted in
+    /// gostw_agent_slow_pauses_evicted_total).
+    #[arg(long, value_name = "N", default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub slow_pauses_kept: u32,
+    #[arg(long, value_name = "N", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub slow_pauses_per_set: u32,
+    /// Where each slow-pause record is written as a JSON line: stdout, off,
+    /// or a file (rotated to PATH.1 at --pause-log-max-mib).
+    #[arg(long, value_name = "stdout|off|PATH", default_value = "stdout")]
+    pub pause_log: String,
+    #[arg(long, value_name = "MIB", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub pause_log_max_mib: u64,
+    /// Pause log lines written per second at most; the rest are counted
+    /// (gostw_agent_slow_pauses_unlogged_total) and stay in /debug/pauses.
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub pause_log_rate: u32,
+    /// Only trace processes whose executable path or command name matches.
+    #[arg(long = "match", value_name = "REGEX", value_parser = parse_regex)]
+    pub name: Option<Regex>,
+    /// Only trace processes in this cgroup or below (e.g. /kubepods.slice).
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
+    /// How often /proc is compared with the previous poll (new processes are
+    /// traced at most this long after they start). E.g. 500ms, 1s, 2m.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+    /// Executables traced at once; more are counted as attach failures.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_executables: u32,
+    /// Distinct (executable, container) label sets at once; more share the
+    /// container label "_overflow".
+    #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_label_sets: u32,
+    /// Do not explain pauses: no stopping phase (Go 1.22+), laggards,
+    /// callers or breakdown, and no scheduler programs. The explanation is
+    /// on by default: the stopping probe lengthens every pause by about
+    /// 0.8 us (docs/guide/attach-and-run.md, "Stopping phase"), and what
+    /// makes a slow pause slow is known only if it was gathered then.
+    #[arg(long)]
+    pub no_explain: bool,
+    /// The default since the explanation is on by default; kept so that
+    /// existing command lines still parse.
+    #[arg(long, hide = true, conflicts_with = "no_explain")]
+    pub stopping: bool,
+    /// How often each traced process's memory exposure is read for
+    /// gostw_process_memory_bytes (first at once; 0: never; else at least
+    /// 100ms). E.g. 60s, 5m.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = tracer::units::parse_interval)]
+    pub exposure_every: Duration,
+}
+
+fn parse_regex(s: &str) -> Result<Regex, String> {
+    Regex::new(s).map_err(|e| format!("not a valid regular expression: {e}"))
+}
+
+/// A poll interval: "250ms", "1s", "2m" (`units::parse_duration`), between
+/// 10 ms and 1 hour.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = tracer::units::parse_duration(s)?;
+    if !(Duration::from_millis(10)..=Duration::from_secs(3600)).contains(&d) {
+        return Err(format!("{s} is outside 10ms..1h"));
+    }
+    Ok(d)
+}
+
+impl Args {
+    fn options(self) -> Options {
+        Options {
+            listen: self.listen,
+            debug_allow_remote: self.pprof_allow_remote,
+            filter: Filter {
+                name: self.name,
+                cgroup: self.cgroup,
+            },
+            poll_interval: self.poll_interval,
+            max_executables: self.max_executables,
+            max_label_sets: self.max_label_sets,
+            explain: !self.no_explain,
+            exposure_every: self.exposure_every,
+            slow_pause: self.slow_pause,
+            store: StoreLimits {
+                total: self.slow_pauses_kept as usize,
+                per_label_set: self.slow_pauses_per_set as usize,
+            },
+            pause_log: match self.pause_log.as_str() {
+                "off" => PauseLogTo::Off,
+                "stdout" | "-" => PauseLogTo::Stdout,
+                path => PauseLogTo::File(path.into()),
+            },
+            pause_log_max_bytes: self.pause_log_max_mib << 20,
+            pause_log_rate: self.pause_log_rate,
+        }
+    }
+}
+
+/// Run the agent until SIGINT or SIGTERM.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    tracer::agent::run(args.options()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        for bad in ["1", "s", "2h", "0", "5ms", "2d", "-1s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}
