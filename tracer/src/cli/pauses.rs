@@ -68,7 +68,8 @@ impl Args {
     }
 }
 
-fn percent_encode(s: &str) -> String {
+/// `s` as a URL query value (RFC 3986 unreserved characters kept).
+pub fn percent_encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {

@@ -97,16 +97,7 @@ impl Drop for Procs {
     }
 }
 
-pub fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
+pub use tracer::cli::pauses::percent_encode as url_encode;
 
 /// An instant PromQL query against the test's Prometheus: (labels, value).
 fn query(prom_port: u16, promql: &str) -> Vec<(Value, f64)> {

@@ -33,6 +33,31 @@ struct Report {
     histograms: BTreeMap<String, Vec<[u64; 3]>>,
 }
 
+/// Start the stw workload `cmd` (with `-start-on-signal`), let it go once
+/// the agent on `port` traces it, wait for its end and for the agent to
+/// settle its last events (the fault correlator's grace): its pid and its
+/// output after the wait.
+fn run_traced(cmd: &mut Command, port: u16) -> (u32, String) {
+    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "GOSTW_WAITING", "the workload did not wait");
+    wait_until("the workload to be traced", Duration::from_secs(30), || {
+        let metrics = http_get(port, "/metrics").map(|(_, b)| b)?;
+        (sum_series(&metrics, "gostw_traced_processes", &[r#"executable="stw""#]) == 1.0)
+            .then_some(())
+    });
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR1) }, 0);
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(child.wait().unwrap().success());
+    std::thread::sleep(Duration::from_millis(2500));
+    (pid, rest)
+}
+
 /// The records `/debug/pauses` serves for `query`.
 fn records(port: u16, query: &str) -> Vec<Value> {
     let (status, body) = http_get(port, &format!("/debug/pauses?{query}"))
@@ -73,43 +98,17 @@ fn every_slow_pause_go_counted_is_recorded_and_explained() {
                 .filter(|(_, body)| body.contains(r#""value":["#) && body.contains(r#","1"]"#))
         },
     );
-    let metrics = || {
-        http_get(port, "/metrics")
-            .map(|(_, b)| b)
-            .unwrap_or_default()
-    };
-
     // The program waits for SIGUSR1, so the agent sees its every pause.
-    let mut child = Command::new(&bin)
-        .args(["-start-on-signal", "-spinners", "1", "-spin-chunk", "20ms"])
-        .args(["-gc", "1", "-readmemstats", "1", "-gomaxprocs", "0"])
-        .args(["-alloc-mb", "0", "-duration", "2s", "-interval", "40ms"])
-        .env("GODEBUG", "asyncpreemptoff=1")
-        .env("GOMAXPROCS", "2")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "GOSTW_WAITING", "the workload did not wait");
-    wait_until("the workload to be traced", Duration::from_secs(30), || {
-        (sum_series(
-            &metrics(),
-            "gostw_traced_processes",
-            &[r#"executable="stw""#],
-        ) == 1.0)
-            .then_some(())
-    });
-    // SAFETY: signalling our own child.
-    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR1) }, 0);
-    let mut rest = String::new();
-    out.read_to_string(&mut rest).unwrap();
-    assert!(child.wait().unwrap().success());
+    let (pid, rest) = run_traced(
+        Command::new(&bin)
+            .args(["-start-on-signal", "-spinners", "1", "-spin-chunk", "20ms"])
+            .args(["-gc", "1", "-readmemstats", "1", "-gomaxprocs", "0"])
+            .args(["-alloc-mb", "0", "-duration", "2s", "-interval", "40ms"])
+            .env("GODEBUG", "asyncpreemptoff=1")
+            .env("GOMAXPROCS", "2"),
+        port,
+    );
     let report: Report = parse_report(&rest);
-    // Its last events are read and settled (the fault correlator's grace).
-    std::thread::sleep(Duration::from_millis(2500));
 
     let recs = records(port, &format!("pid={pid}&limit=100000"));
     // Go's pauses of 1 ms or more, bucket by bucket, against the records:
@@ -414,37 +413,16 @@ fn a_storm_of_slow_pauses_stays_bounded_and_counted() {
         &["--slow-pause", "0", "--pause-log", log.to_str().unwrap()],
     );
     let agent = procs.children.last().unwrap().1.id();
-    let metrics = || {
-        http_get(port, "/metrics")
-            .map(|(_, b)| b)
-            .unwrap_or_default()
-    };
     let before_kib = status_kib(agent, "VmRSS:");
-    let mut child = Command::new(&bin)
-        .args(["-start-on-signal", "-gc", "0", "-readmemstats", "20000"])
-        .args(["-gomaxprocs", "0", "-alloc-mb", "0", "-duration", "8s"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    wait_until("the workload to be traced", Duration::from_secs(30), || {
-        (sum_series(
-            &metrics(),
-            "gostw_traced_processes",
-            &[r#"executable="stw""#],
-        ) == 1.0)
-            .then_some(())
-    });
-    // SAFETY: signalling our own child.
-    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR1) }, 0);
-    let mut rest = String::new();
-    out.read_to_string(&mut rest).unwrap();
-    assert!(child.wait().unwrap().success());
-    std::thread::sleep(Duration::from_millis(2500));
-    let m = metrics();
+    run_traced(
+        Command::new(&bin)
+            .args(["-start-on-signal", "-gc", "0", "-readmemstats", "20000"])
+            .args(["-gomaxprocs", "0", "-alloc-mb", "0", "-duration", "8s"]),
+        port,
+    );
+    let m = http_get(port, "/metrics")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
     let get = |name: &str| {
         m.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())

@@ -3,9 +3,12 @@
 //! stopping phase is read) adds to the pauses Go itself reports. The trap
 //! fires inside every pause, after Go took `finishedStopping`, so it moves
 //! Go's total (`/sched/pauses/total/*`) and not its stopping histogram. The
-//! stw workload runs untraced, under `gostw run --no-stopping` and under
-//! `gostw run`, interleaved; the figures are Go's own, from its histograms
-//! and `MemStats.PauseTotalNs`.
+//! explanation (the scheduler programs, the laggard sampler, the M-list
+//! walks) is measured the same way. The stw workload runs untraced, under
+//! `gostw run --no-explain --no-stopping` (the pause probes alone),
+//! `--no-stopping` (with the explanation) and `gostw run` (the default:
+//! both), interleaved; the figures are Go's own, from its histograms and
+//! `MemStats.PauseTotalNs`.
 
 use std::process::Command;
 
@@ -32,10 +35,11 @@ struct Run {
     gc_stopping_median_ns: f64,
 }
 
-const CONFIGS: [(&str, &[&str]); 3] = [
+const CONFIGS: [(&str, &[&str]); 4] = [
     ("untraced", &[]),
-    ("--no-stopping", &["--no-stopping"]),
-    ("stopping on", &[]),
+    ("pause probes", &["--no-explain", "--no-stopping"]),
+    ("+ explanation", &["--no-stopping"]),
+    ("+ stopping", &[]),
 ];
 
 pub fn run(opts: &Options) -> anyhow::Result<()> {
@@ -67,12 +71,12 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         "32",
     ];
     step(&format!(
-        "{} rounds of untraced, --no-stopping, stopping on (Go {})",
+        "{} rounds of untraced, pause probes only, + explanation, + stopping probe (the default) (Go {})",
         opts.rounds(),
         opts.go
     ));
     let records = std::env::temp_dir().join("gostw-bench-stopping.jsonl");
-    let mut runs: [Vec<Run>; 3] = Default::default();
+    let mut runs: [Vec<Run>; 4] = Default::default();
     for round in 1..=opts.rounds() {
         for (i, (name, extra)) in CONFIGS.iter().enumerate() {
             let mut cmd = if i == 0 {
@@ -119,12 +123,18 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             opts.rounds()
         );
     }
-    println!(
-        "stopping: the stopping probe adds {:.1} us to Go's mean GC pause, {:.1} us to its median GC pause and {:.1} us to its median other pause",
-        (med(2, &|r: &Run| r.gc_mean_ns) - med(1, &|r: &Run| r.gc_mean_ns)) / 1e3,
-        (med(2, &|r: &Run| r.gc_median_ns) - med(1, &|r: &Run| r.gc_median_ns)) / 1e3,
-        (med(2, &|r: &Run| r.other_median_ns) - med(1, &|r: &Run| r.other_median_ns)) / 1e3,
-    );
+    let added = |what: &str, from: usize, to: usize| {
+        println!(
+            "stopping: {what} adds {:.1} us to Go's mean GC pause, {:.1} us to its median GC pause and {:.1} us to its median other pause",
+            (med(to, &|r: &Run| r.gc_mean_ns) - med(from, &|r: &Run| r.gc_mean_ns)) / 1e3,
+            (med(to, &|r: &Run| r.gc_median_ns) - med(from, &|r: &Run| r.gc_median_ns)) / 1e3,
+            (med(to, &|r: &Run| r.other_median_ns) - med(from, &|r: &Run| r.other_median_ns)) / 1e3,
+        );
+    };
+    added("tracing pauses alone", 0, 1);
+    added("the explanation", 1, 2);
+    added("the stopping probe", 2, 3);
+    added("the default (all of it)", 0, 3);
     let reasons: Vec<String> = runs[1]
         .iter()
         .flat_map(|r| r.by_reason.keys().cloned())
@@ -138,10 +148,10 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             })
         };
         println!(
-            "stopping: {reason:>22}: median pause (exact, Go's own figure) {:.1} us without the probe, {:.1} us with it (+{:.1} us)",
+            "stopping: {reason:>22}: median pause (exact, Go's own figure) {:.1} us with the pause probes alone, {:.1} us with the explanation, {:.1} us with the stopping probe too",
             of(1) / 1e3,
             of(2) / 1e3,
-            (of(2) - of(1)) / 1e3
+            of(3) / 1e3
         );
     }
     Ok(())

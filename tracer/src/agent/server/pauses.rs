@@ -138,6 +138,20 @@ fn refused(peer: IpAddr) -> Response {
     )
 }
 
+/// The query `params` make, if `peer` may ask and they are valid; else the
+/// answer that refuses it.
+fn request(
+    p: &Pauses,
+    peer: IpAddr,
+    params: &HashMap<String, String>,
+    now_unix_ns: u64,
+) -> Result<(Query, bool), Box<Response>> {
+    if !peer_allowed(peer, p.allow_remote) {
+        return Err(Box::new(refused(peer)));
+    }
+    parse(params, now_unix_ns).map_err(|e| Box::new(text(StatusCode::BAD_REQUEST, e)))
+}
+
 /// The profile of the records `params` select, for `peer`.
 pub fn profile(
     p: &Pauses,
@@ -145,12 +159,9 @@ pub fn profile(
     params: &HashMap<String, String>,
     now_unix_ns: u64,
 ) -> Response {
-    if !peer_allowed(peer, p.allow_remote) {
-        return refused(peer);
-    }
-    let mut q = match parse(params, now_unix_ns) {
-        Ok((q, _)) => q,
-        Err(e) => return text(StatusCode::BAD_REQUEST, e),
+    let (mut q, _) = match request(p, peer, params, now_unix_ns) {
+        Ok(q) => q,
+        Err(refusal) => return *refusal,
     };
     if !params.contains_key("limit") {
         q.limit = None;
@@ -192,12 +203,9 @@ pub fn answer(
     params: &HashMap<String, String>,
     now_unix_ns: u64,
 ) -> Response {
-    if !peer_allowed(peer, p.allow_remote) {
-        return refused(peer);
-    }
-    let (q, as_text) = match parse(params, now_unix_ns) {
+    let (q, as_text) = match request(p, peer, params, now_unix_ns) {
         Ok(q) => q,
-        Err(e) => return text(StatusCode::BAD_REQUEST, e),
+        Err(refusal) => return *refusal,
     };
     let records = p.store.lock().unwrap_or_else(|e| e.into_inner()).query(&q);
     let mut body = Vec::with_capacity(records.len() * 2048);
