@@ -440,8 +440,11 @@ fn a_storm_of_slow_pauses_stays_bounded_and_counted() {
          {unlogged} not; agent RSS {before_kib} kB before, peak {peak_kib} kB"
     );
     let log_text = std::fs::read_to_string(&agent_log).unwrap_or_default();
+    // Enough to overrun both bounds many times over (200 kept, at most 650
+    // logged); the count itself depends on the host's load (18,882 to
+    // 103,832 seen), so the floor is the bounds', not the machine's.
     assert!(
-        recorded >= 20_000.0,
+        recorded >= 5_000.0,
         "too few pauses for a storm: {recorded}\n{log_text}"
     );
     // The defaults: 200 per label set (one here), 50 lines a second.
