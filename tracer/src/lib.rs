@@ -24,15 +24,21 @@ pub mod binary;
 pub mod bpf_stats;
 pub mod check;
 pub mod cli;
+pub mod clock;
 pub mod engine;
 pub mod formats;
 pub mod image;
 pub mod inspect;
 pub mod kernel;
 pub mod memory;
+pub mod model;
 pub mod privilege;
+pub mod procfs;
 pub mod reference;
 pub mod sink;
 pub mod stackgrowth;
 pub mod targets;
 pub mod units;
+
+#[cfg(test)]
+mod layering_tests;

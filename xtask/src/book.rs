@@ -65,7 +65,7 @@ pub fn install_mkdocs() -> anyhow::Result<()> {
         eprintln!("already installed in {}", mkdocs_dir().display());
         return Ok(());
     }
-    crate::setup::pip_install(&format!("mkdocs=={MKDOCS_VERSION}"), &mkdocs_dir())?;
+    crate::cmd::pip_install(&format!("mkdocs=={MKDOCS_VERSION}"), &mkdocs_dir())?;
     if !installed() {
         bail!("mkdocs=={MKDOCS_VERSION} installed but `python3 -m mkdocs` does not run");
     }

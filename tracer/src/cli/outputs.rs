@@ -5,12 +5,12 @@ use std::{collections::HashMap, path::PathBuf};
 
 use anyhow::{Context as _, bail};
 use tracer::{
-    engine::observed::Observed,
     formats::{
         pause_profile::{PauseProfile, ProfiledPause},
         profiles::{ProfileKind, path_for},
     },
     kernel::CoreOptions,
+    model::observed::Observed,
     sink::{
         Sink,
         file::{SharedFile, WholeFile, check_output_path, check_profile_path},

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::observed::Observed;
+use crate::model::observed::Observed;
 use crate::{memory::watch::ExposureWatch, targets::cpu_throttle::ThrottleWatch};
 
 /// Follow the processes `out` starts, and add what their cgroup was

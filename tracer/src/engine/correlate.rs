@@ -20,9 +20,9 @@
 
 use std::collections::{HashMap, VecDeque};
 
-pub use super::observed::CorrelatorStats;
-use super::{
-    explain,
+use super::explain;
+pub use crate::model::observed::CorrelatorStats;
+use crate::model::{
     fault::{Fault, PauseFaultStats},
     observed::{Membership, Observed, ObservedPause},
     pause::PauseRecord,
@@ -244,42 +244,12 @@ fn release(st: &mut ProcessState, out: &mut Vec<Observed>) {
     out.push(Observed::Pause(Box::new(pause)));
 }
 
-/// Pause records for other modules' tests.
-#[cfg(test)]
-pub mod tests_support {
-    use crate::engine::pause::{DurationSource, PauseRecord};
-
-    /// A GC sweep termination of `pid` stopped by `pid`, Go-timed.
-    pub fn record(pid: u32, start: u64, dur: u64) -> PauseRecord {
-        PauseRecord {
-            pid,
-            tid: pid,
-            reason_code: 2,
-            reason: "gc_sweep_termination",
-            reason_text: None,
-            start_mono_ns: start,
-            start_unix_ns: start,
-            duration_ns: dur,
-            duration_source: DurationSource::Go,
-            go_duration_ns: Some(dur),
-            window_ns: dur,
-            stopping_ns: None,
-            caller: None,
-            laggards: None,
-            breakdown: None,
-            restarting_ns: None,
-            faults: None,
-            explain_input: None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::engine::fault::FaultKind;
+    use crate::model::fault::FaultKind;
 
     fn fault(pid: u32, begin: u64, end: u64) -> Fault {
         Fault {
@@ -298,7 +268,7 @@ mod tests {
     }
 
     fn pause(pid: u32, start: u64, dur: u64) -> PauseRecord {
-        super::tests_support::record(pid, start, dur)
+        crate::model::pause::tests_support::record(pid, start, dur)
     }
 
     const MS: u64 = 1_000_000;

@@ -2,6 +2,7 @@
 //! out, once for every consumer. Decoding never trusts the kernel's bytes to
 //! be aligned or long enough.
 
+use crate::model::losses::Losses;
 use tracer_common::{
     event::{EventHeader, EventKind},
     explain::{LAGGARDS, Laggard, PauseDetail},
@@ -117,31 +118,12 @@ impl Event {
     }
 }
 
-/// Events that reached user space, and those that could not be used.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Losses {
-    /// Events decoded and handled.
-    pub handled: u64,
-    /// Header or body shorter than its kind needs.
-    pub malformed: u64,
-    /// A `kind` value this gostw does not know (a newer kernel object).
-    pub unknown_kind: u64,
-    /// A known kind that this trace does not follow (e.g. a fault event while
-    /// faults are not traced).
-    pub unhandled: u64,
-}
-
-impl Losses {
-    /// Events that reached user space but produced nothing.
-    pub fn lost(&self) -> u64 {
-        self.malformed + self.unknown_kind + self.unhandled
-    }
-
-    /// Count a failed decode.
-    pub fn count_error(&mut self, e: &DecodeError) {
-        match e {
-            DecodeError::UnknownKind(_) => self.unknown_kind += 1,
-            DecodeError::TooShort { .. } => self.malformed += 1,
+impl DecodeError {
+    /// Count this failed decode in `losses`.
+    pub fn count_in(&self, losses: &mut Losses) {
+        match self {
+            DecodeError::UnknownKind(_) => losses.unknown_kind += 1,
+            DecodeError::TooShort { .. } => losses.malformed += 1,
         }
     }
 }

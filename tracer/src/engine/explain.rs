@@ -5,10 +5,10 @@
 
 use tracer_common::explain::{Laggard, OffCpu};
 
-pub use super::laggard::{ExplainInput, FramesFrom, LaggardRecord, LaggardStateName, RawLaggard};
-use super::{
-    breakdown::{self, LaggardTime},
+use super::breakdown::{self, LaggardTime};
+use crate::model::{
     fault::{Fault, PhaseFaults},
+    laggard::{FramesFrom, LaggardRecord, LaggardStateName, RawLaggard},
     pause::PauseRecord,
 };
 
@@ -188,11 +188,10 @@ mod tests {
 
     use tracer_common::explain::{LaggardState, StopperTime};
 
+    use crate::model::laggard::ExplainInput;
+
     use super::*;
-    use crate::{
-        engine::{correlate::tests_support::record, fault::FaultKind},
-        image::Frame,
-    };
+    use crate::{image::Frame, model::fault::FaultKind, model::pause::tests_support::record};
 
     const MS: u64 = 1_000_000;
 

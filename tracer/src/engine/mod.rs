@@ -18,10 +18,6 @@ pub mod caller;
 pub mod correlate;
 pub mod event;
 pub mod explain;
-pub mod fault;
-pub mod laggard;
-pub mod observed;
-pub mod pause;
 pub mod reader;
 pub mod stream;
 
@@ -35,16 +31,15 @@ use anyhow::Context as _;
 use tokio::signal::unix::{SignalKind, signal};
 
 use self::{
-    observed::Observed,
-    pause::WallClock,
     reader::EventReader,
-    stream::{Stream, StreamOptions, monotonic_ns},
+    stream::{Stream, StreamOptions},
 };
 use crate::{
+    clock::{WallClock, monotonic_ns},
     image::ProcessImage,
     kernel::{Core, CoreOptions},
     memory::watch::ExposureWatch,
-    sink::Sink,
+    model::observed::{Observed, Sink},
     stackgrowth::goroutines::GoroutineWatch,
     targets::{
         Changes, Target,

@@ -12,13 +12,19 @@ use tracer_common::explain::{Laggard, LaggardState, PauseDetail};
 use super::{
     caller,
     correlate::{Correlator, CorrelatorStats},
-    event::{Event, Losses},
+    event::Event,
+};
+use crate::model::{
     fault::Fault,
     laggard::{ExplainInput, RawLaggard},
+    losses::Losses,
     observed::{Observed, ProcessInfo},
-    pause::{self, WallClock},
+    pause,
 };
-use crate::image::{Frame, ProcessImage};
+use crate::{
+    clock::WallClock,
+    image::{Frame, ProcessImage},
+};
 
 /// Frames kept of a fault's user stack (from at most as many addresses:
 /// the kernel sends `FAULT_STACK_DEPTH`).
@@ -113,7 +119,7 @@ impl Stream {
             Ok(e) => e,
             Err(e) => {
                 log::debug!("{e}");
-                self.losses.count_error(&e);
+                e.count_in(&mut self.losses);
                 return;
             }
         };
@@ -271,17 +277,6 @@ impl Stream {
         self.stack_cache.insert(key, both.clone());
         both
     }
-}
-
-/// CLOCK_MONOTONIC in ns, the clock of kernel timestamps.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! symbolized frames (no addresses), so profiles of many hosts merge.
 
 use super::pprof::{Label, Location, ProfileBuilder};
-use crate::{engine::pause::PauseRecord, image::Frame};
+use crate::{image::Frame, model::pause::PauseRecord};
 
 /// The profile's locations from symbolized frames, innermost first: each
 /// location ends at a frame that is not inlined into the next.
@@ -132,12 +132,12 @@ pub fn encode(pauses: &[ProfiledPause], comment: &str) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::{
-        engine::{
-            breakdown::Breakdown,
-            correlate::tests_support::record,
-            explain::{FramesFrom, LaggardRecord, LaggardStateName},
-        },
         formats::pprof::decode,
+        model::pause::tests_support::record,
+        model::{
+            breakdown::Breakdown,
+            laggard::{FramesFrom, LaggardRecord, LaggardStateName},
+        },
     };
 
     fn frame(f: &str, inlined: bool) -> Frame {

@@ -19,6 +19,8 @@ use std::path::Path;
 use anyhow::bail;
 use tracer_common::fault::programs;
 
+pub use crate::model::backend::{BackendChoice, FaultBackend, Support};
+
 /// `--fault-source`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -28,54 +30,6 @@ pub enum FaultSource {
     Auto,
     Kprobe,
     Tracepoint,
-}
-
-/// The fault backend gostw would use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FaultBackend {
-    Kprobe,
-    Tracepoint,
-    /// Neither can attach here.
-    None,
-}
-
-impl FaultBackend {
-    /// How people call it.
-    pub fn describe(self) -> &'static str {
-        match self {
-            FaultBackend::Kprobe => "kprobes",
-            FaultBackend::Tracepoint => "tracepoints + perf events",
-            FaultBackend::None => "none",
-        }
-    }
-
-    /// The name in reports and metrics.
-    pub fn name(self) -> &'static str {
-        match self {
-            FaultBackend::Kprobe => "kprobe",
-            FaultBackend::Tracepoint => "tracepoint",
-            FaultBackend::None => "none",
-        }
-    }
-}
-
-/// The decision and what it rests on.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct BackendChoice {
-    pub backend: FaultBackend,
-    pub reason: String,
-    pub kprobes: Support,
-    pub tracepoints: Support,
-    /// Every file-backed fault is marked, so unmarked ones are swap-ins.
-    pub file_faults_seen: bool,
-}
-
-/// Whether one mechanism works, with the evidence.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Support {
-    pub available: bool,
-    pub detail: String,
 }
 
 /// What the kernel offers the fault backends.

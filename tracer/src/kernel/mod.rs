@@ -53,13 +53,13 @@ use self::{
 };
 use crate::{
     binary::{BinaryError, GoBinary, STOP_THE_WORLD},
-    engine::observed::Observed,
     image::{ExeId, ExecutableImage},
-    stackgrowth::Mode,
-    targets::{
+    model::{
         labels,
-        tracker::{AttachError, Attached, FailureReason, Kernel},
+        observed::{FailureReason, Observed},
     },
+    stackgrowth::Mode,
+    targets::tracker::{AttachError, Attached, Kernel},
 };
 
 /// What to trace besides pauses.

@@ -90,7 +90,7 @@ pub fn glibc_mmap_chunks(
     arenas: &[Range<u64>],
     mem: &ProcessMemory,
 ) -> (Vec<Range<u64>>, u64) {
-    let page = super::page_size();
+    let page = crate::procfs::page_size();
     let mut out = Vec::new();
     let mut unread = 0;
     for m in mappings {

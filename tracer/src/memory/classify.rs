@@ -10,11 +10,12 @@ use std::{
     ops::Range,
 };
 
+use crate::procfs::pagemap::PageSource;
+
 use super::{
     classes::{ClassUsage, MemoryClass, Part, Source, Usage},
     layout,
     mheap::MetadataPart,
-    pagemap::PageSource,
     smaps::{Backing, Mapping},
 };
 

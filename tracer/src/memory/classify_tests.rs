@@ -7,7 +7,7 @@
 )]
 
 use super::*;
-use crate::memory::{pagemap::PageCounts, smaps};
+use crate::{memory::smaps, procfs::pagemap::PageCounts};
 
 const PAGE: u64 = 4096;
 

@@ -11,7 +11,7 @@
 //! `advice(&exposure, &Evidence { host_swap, pauses, stack_growth,
 //! throttling })`; `MemoryReport` (serde) or `render_text`.
 //!
-//! - `smaps`, `pagemap`: the kernel's per-mapping and per-page figures.
+//! - `smaps`: the kernel's per-mapping figures (per page: `procfs::pagemap`).
 //! - `executable`, `mheap`, `procmem`: the runtime's own heap index (its
 //!   layouts from the binary's DWARF), read from the process's resident
 //!   memory (never from swap).
@@ -31,7 +31,6 @@ pub mod classify;
 pub mod executable;
 pub mod layout;
 pub mod mheap;
-pub mod pagemap;
 pub mod procmem;
 mod read;
 pub mod render;
@@ -167,13 +166,6 @@ pub struct PlainSummary {
     pub file_resident: u64,
     pub anon_resident: u64,
     pub anon_swapped: u64,
-}
-
-/// The system page size.
-pub fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if n > 0 { n as u64 } else { 4096 }
 }
 
 /// Where the heap arenas are and how they were found.

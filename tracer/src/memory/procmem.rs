@@ -6,7 +6,7 @@
 
 use std::{cell::Cell, fs::File, os::unix::fs::FileExt as _};
 
-use super::pagemap::{PageCounts, Pagemap};
+use crate::procfs::pagemap::{PageCounts, Pagemap};
 
 /// Why bytes were not read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,7 +111,7 @@ mod tests {
 
     #[test]
     fn reads_resident_memory_and_refuses_untouched_pages() {
-        let page = crate::memory::page_size();
+        let page = crate::procfs::page_size();
         let mut buf = vec![0u8; 4 * page as usize];
         let base = (buf.as_ptr() as u64).div_ceil(page) * page;
         let off = (base - buf.as_ptr() as u64) as usize;

@@ -11,14 +11,15 @@ use super::{
     executable::Executable,
     layout,
     mheap::{self, HEAP_ARENA_BYTES, RuntimeHeap},
-    page_size,
-    pagemap::Pagemap,
     procmem::ProcessMemory,
     smaps::{self, Mapping},
 };
 use crate::{
-    binary::GoBinary, engine::stream::monotonic_ns, image::ProcessImage,
+    binary::GoBinary,
+    clock::monotonic_ns,
+    image::ProcessImage,
     memory::cgroup::CgroupMemory,
+    procfs::{page_size, pagemap::Pagemap},
 };
 
 /// How much of the process gostw reads.

@@ -4,7 +4,7 @@
 //! the swap readahead hit ratio over the interval.
 
 use super::MemoryError;
-use crate::engine::stream::monotonic_ns;
+use crate::clock::monotonic_ns;
 
 /// The host's swap counters at one moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]

@@ -7,18 +7,20 @@ use prometheus_client::encoding::text::encode;
 
 use super::*;
 use crate::{
-    engine::{
-        breakdown::Breakdown,
-        correlate::tests_support::record,
-        fault::{Fault, FaultKind, FaultTotals, PauseFaultStats, PhaseFaults},
-        laggard::{FramesFrom, LaggardRecord, LaggardStateName},
-        observed::{CpuSamples, Observed, ObservedPause, ProcessInfo},
-    },
     image::Frame,
     memory::{
         HostSwap,
         advice::tests::exposure,
         watch::{ExposureReading, ReadAt},
+    },
+    model::labels::ProcessLabels,
+    model::pause::tests_support::record,
+    model::throttling::{CpuThrottling, ThrottleCounts},
+    model::{
+        breakdown::Breakdown,
+        fault::{Fault, FaultKind, FaultTotals, PauseFaultStats, PhaseFaults},
+        laggard::{FramesFrom, LaggardRecord, LaggardStateName},
+        observed::{CpuSamples, Observed, ObservedPause, ProcessInfo},
     },
     sink::{
         Sink as _,
@@ -31,10 +33,6 @@ use crate::{
         report::{Output, ReportSink, View},
     },
     stackgrowth::Mode,
-    targets::{
-        cpu_throttle::{CpuThrottling, ThrottleCounts},
-        labels::ProcessLabels,
-    },
 };
 
 /// A page of the book, from the workspace root's `docs/`.

@@ -1,5 +1,5 @@
 //! The front ends' ends of the one stream: every output gostw makes is a
-//! `Sink` of `engine::observed::Observed`.
+//! `Sink` of `model::observed::Observed`.
 //!
 //! - `report`: live lines and the summary, as text or JSON (attach, run,
 //!   faults, stacks).
@@ -18,50 +18,9 @@ pub mod report;
 pub mod slow_pauses;
 pub mod timeline;
 
-use crate::engine::observed::Observed;
-
-/// Something that consumes the observed stream.
-pub trait Sink {
-    fn observe(&mut self, o: &Observed);
-
-    /// What this sink writes can no longer be written or read (a write
-    /// failed, or its reader went away): tracing should stop.
-    fn closed(&mut self) -> bool {
-        false
-    }
-
-    /// Every observation of `all`, in order.
-    fn observe_all(&mut self, all: &[Observed]) {
-        for o in all {
-            self.observe(o);
-        }
-    }
-}
-
-/// A sink that may be absent (an output not asked for).
-impl<S: Sink> Sink for Option<S> {
-    fn observe(&mut self, o: &Observed) {
-        if let Some(s) = self {
-            s.observe(o);
-        }
-    }
-
-    fn closed(&mut self) -> bool {
-        self.as_mut().is_some_and(S::closed)
-    }
-}
-
-/// Two sinks fed the same stream.
-impl<A: Sink, B: Sink> Sink for (A, B) {
-    fn observe(&mut self, o: &Observed) {
-        self.0.observe(o);
-        self.1.observe(o);
-    }
-
-    fn closed(&mut self) -> bool {
-        self.0.closed() || self.1.closed()
-    }
-}
+/// Defined beside the stream it consumes, so the engine, below the sinks,
+/// can feed one.
+pub use crate::model::observed::Sink;
 
 #[cfg(test)]
 mod tests {
@@ -73,16 +32,16 @@ mod tests {
         report::{Output, ReportSink, View},
     };
     use crate::{
+        clock::WallClock,
         engine::{
             correlate::GRACE_NS,
-            observed::{Observed, ProcessInfo},
-            pause::WallClock,
             stream::{
                 Stream, StreamOptions,
                 tests::{fault_event, pause_event},
             },
         },
-        targets::labels::ProcessLabels,
+        model::labels::ProcessLabels,
+        model::observed::{Observed, ProcessInfo},
     };
 
     /// The value of the first series line starting with `prefix`.

@@ -13,9 +13,9 @@ use serde::Serialize;
 
 use super::{Sink, pause_log::PauseLog};
 use crate::{
-    engine::{observed::Observed, pause::PauseRecord},
+    model::labels::ProcessLabels,
+    model::{observed::Observed, pause::PauseRecord},
     sink::metrics::Metrics,
-    targets::labels::ProcessLabels,
 };
 
 /// One slow pause as kept and served.

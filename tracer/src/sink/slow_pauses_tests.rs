@@ -1,5 +1,5 @@
 use super::*;
-use crate::engine::correlate::tests_support::record;
+use crate::model::pause::tests_support::record;
 
 const MS: u64 = 1_000_000;
 
@@ -110,7 +110,7 @@ fn a_record_is_the_pause_object_with_its_id_and_labels() {
 
 #[test]
 fn the_sink_keeps_slow_pauses_of_known_processes_and_counts() {
-    use crate::engine::observed::{ObservedPause, ProcessInfo};
+    use crate::model::observed::{ObservedPause, ProcessInfo};
     let metrics = Arc::new(Metrics::new());
     let store: SharedStore = Arc::new(Mutex::new(SlowPauseStore::new(StoreLimits {
         total: 1,

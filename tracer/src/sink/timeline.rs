@@ -16,12 +16,12 @@ use tracer_common::stack::{StackChange, StackGrowthEvent};
 
 use super::Sink;
 use crate::{
-    engine::{
+    formats::timeline::{TimelineWriter, Track},
+    image::ProcessImage,
+    model::{
         fault::{Fault, FaultKind, frame_label},
         observed::{Membership, Observed},
     },
-    formats::timeline::{TimelineWriter, Track},
-    image::ProcessImage,
     stackgrowth::recommend::human_bytes,
 };
 
@@ -205,11 +205,9 @@ mod tests {
 
     use super::*;
     use crate::{
-        engine::{
-            correlate::tests_support::record,
-            observed::{ObservedPause, ProcessInfo},
-        },
-        targets::labels::ProcessLabels,
+        model::labels::ProcessLabels,
+        model::observed::{ObservedPause, ProcessInfo},
+        model::pause::tests_support::record,
     };
 
     /// A `Write` whose bytes the test can read afterwards.

@@ -38,8 +38,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::resident::Resident;
 use crate::image::ProcessImage;
+use crate::procfs::resident::Resident;
 
 /// Where the count in a summary came from: the peak of goroutines alive,
 /// counted in `allgs[:allglen]` (`allglen` itself where `g.atomicstatus`

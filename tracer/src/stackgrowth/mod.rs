@@ -14,7 +14,6 @@ pub mod aggregate;
 pub mod goroutines;
 pub mod recommend;
 mod render;
-pub mod resident;
 pub mod symbolize;
 
 pub use aggregate::{SiteSummary, StackGrowthAggregator, StackGrowthSummary};

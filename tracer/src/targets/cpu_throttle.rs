@@ -11,28 +11,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::Serialize;
+use crate::model::throttling::{CpuThrottling, ThrottleCounts};
 
 /// Where the cgroup hierarchies are mounted.
 const ROOT: &str = "/sys/fs/cgroup";
-
-/// Throttling counters of one CPU cgroup.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ThrottleCounts {
-    /// Periods in which the group ran out of quota.
-    pub nr_throttled: u64,
-    /// Time its tasks were held off the CPU for that.
-    pub throttled_ns: u64,
-}
-
-/// A process's CPU cgroup and what it was throttled while traced.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct CpuThrottling {
-    /// The cgroup's path inside its hierarchy.
-    pub cgroup: String,
-    #[serde(flatten)]
-    pub while_traced: ThrottleCounts,
-}
 
 /// The `cpu.stat` file of the CPU cgroup named by `/proc/PID/cgroup`'s text
 /// (v1 `cpu` controller line first, else the v2 line), under `root`.

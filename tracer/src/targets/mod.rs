@@ -14,7 +14,6 @@ pub mod child;
 pub mod cpu_throttle;
 pub mod discovery;
 pub mod exec_events;
-pub mod labels;
 pub mod process;
 pub mod tracker;
 

@@ -16,14 +16,13 @@ use tracer_common::{
     process::{Probe, TracedProcess},
 };
 
-use super::{
-    discovery::NewProcess,
-    labels::{self, OVERFLOW, ProcessLabels},
-};
-pub use crate::engine::observed::FailureReason;
+use super::discovery::NewProcess;
 use crate::{
-    engine::observed::{CpuSamples, Observed, ProcessInfo},
     image::{ExeId, ExecutableImage},
+    model::{
+        labels::{self, OVERFLOW, ProcessLabels},
+        observed::{CpuSamples, FailureReason, Observed, ProcessInfo},
+    },
 };
 
 /// What analysing and attaching an executable gave.

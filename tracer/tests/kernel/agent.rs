@@ -13,7 +13,8 @@ use std::{
 use serde_json::Value;
 use tracer::{
     kernel::{Core, CoreOptions},
-    targets::tracker::{AttachError, FailureReason, Kernel as _},
+    model::observed::FailureReason,
+    targets::tracker::{AttachError, Kernel as _},
 };
 
 pub use crate::loopback::{free_port, http_get, wait_until};

@@ -30,8 +30,8 @@ use tracer::{
         START_THE_WORLD, STOP_THE_WORLD, TIME_HISTOGRAM_RECORD, VersionSource,
         offsets::struct_fields, running,
     },
-    engine::pause::StwReason,
     image::{ExeId, ExecutableImage, ProcessImage},
+    model::pause::StwReason,
 };
 
 use crate::support::{

@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use tracer::{
-    engine::observed::Observed,
     kernel::{
         Core, CoreOptions,
         capabilities::{self, BackendChoice, FaultBackend, FaultSource},
         explain::SchedHooks,
         faults::{FaultHooks, load_kprobe_programs},
     },
+    model::observed::Observed,
     sink::report::{Output, ReportSink, View, faults::FaultSummary, faults_text::render_text},
 };
 use tracer_common::counters::Counter;

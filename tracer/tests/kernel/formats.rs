@@ -13,16 +13,16 @@ use std::{
 
 use tracer::{
     binary::{Frame, GoBinary},
-    engine::{
-        fault::Fault,
-        observed::{Membership, Observed, ObservedPause},
-        pause::PauseRecord,
-    },
     formats::{
         pprof::{self, Location, MappingInfo},
         profiles::{self, GrowthRecord, ProfileInfo, ProfileKind, StackGrowthMode},
     },
     image::ExecutableImage,
+    model::{
+        fault::Fault,
+        observed::{Membership, Observed, ObservedPause},
+        pause::PauseRecord,
+    },
     sink::{Sink as _, profile::ProfileFiles, timeline::TimelineSink},
     stackgrowth::Mode,
 };

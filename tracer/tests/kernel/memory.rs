@@ -31,9 +31,12 @@ use std::{
 };
 
 use serde_json::Value;
-use tracer::memory::{
-    AdviceKind, Evidence, Executable, Exposure, HostSwap, MemoryClass, PauseEvidence, ReadOptions,
-    advice, mheap::ARENA_L2_ENTRIES, page_size, render, render_advice,
+use tracer::{
+    memory::{
+        AdviceKind, Evidence, Executable, Exposure, HostSwap, MemoryClass, PauseEvidence,
+        ReadOptions, advice, mheap::ARENA_L2_ENTRIES, render, render_advice,
+    },
+    procfs::page_size,
 };
 
 use crate::{

@@ -13,8 +13,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use tracer::{
     binary::GoBinary,
-    engine::{observed::Observed, pause::StwReason},
     kernel::CoreOptions,
+    model::{observed::Observed, pause::StwReason},
     sink::report::pauses::PauseStats,
     targets::child::StoppedChild,
 };

@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, process::Command};
 
 use serde::Deserialize;
 use serde_json::Value;
-use tracer::engine::pause::StwReason;
+use tracer::model::pause::StwReason;
 
 use crate::support::{STW_ARGS, build_workload, go_matrix, gostw_stdout, newest_go, require_root};
 

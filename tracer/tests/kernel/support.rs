@@ -18,8 +18,9 @@ use std::{
 use serde::Deserialize;
 use tracer::{
     binary::GoBinary,
-    engine::{Engine, observed::Observed},
+    engine::Engine,
     kernel::{Core, CoreOptions, ExeProbes, traced_process},
+    model::observed::Observed,
     sink::Sink,
     targets::{
         child::StoppedChild,
@@ -29,7 +30,7 @@ use tracer::{
 
 /// CLOCK_MONOTONIC now, ns (the clock of pause records' `start_mono_ns`:
 /// Go's nanotime), as the engine reads it.
-pub use tracer::engine::stream::monotonic_ns;
+pub use tracer::clock::monotonic_ns;
 
 /// Panic unless running as root: every kernel test loads eBPF programs.
 pub fn require_root() {

@@ -246,9 +246,9 @@ mod tests {
 
     use super::*;
     use crate::{
-        engine::correlate::tests_support::record,
+        model::labels::ProcessLabels,
+        model::pause::tests_support::record,
         sink::slow_pauses::{SlowPause, SlowPauseStore, StoreLimits},
-        targets::labels::ProcessLabels,
     };
 
     const S: u64 = 1_000_000_000;

@@ -37,11 +37,11 @@ use crate::{
         debug_pprof::{CONTENT_TYPE, ProfileKind, ProfileRequest, peer_allowed},
         profiles::StackGrowthMode,
     },
+    model::labels::ProcessLabels,
     sink::profile::{
         lock,
         store::{Encoding, Store},
     },
-    targets::labels::ProcessLabels,
 };
 
 /// Windowed requests that may wait at once (each holds a snapshot).
@@ -190,9 +190,9 @@ mod tests {
 
     use super::*;
     use crate::{
-        engine::fault::FaultKind,
         formats::pprof::{Location, decode},
         image::Frame,
+        model::fault::FaultKind,
         sink::profile::store::{PauseTag, Tags},
     };
 

@@ -15,8 +15,8 @@ use prometheus_client::{
 
 use super::{Histograms, Metrics, seconds_histogram};
 use crate::{
-    engine::{breakdown::PARTS, pause::PauseRecord},
-    targets::labels::ProcessLabels,
+    model::labels::ProcessLabels,
+    model::{breakdown::PARTS, pause::PauseRecord},
 };
 
 /// The `state` label values, as `LaggardStateName` serializes them.
@@ -174,18 +174,18 @@ mod tests {
 
     use crate::{
         agent::server::openmetrics_to_text,
+        clock::WallClock,
         engine::{
             correlate::GRACE_NS,
-            observed::{Observed, ProcessInfo},
-            pause::WallClock,
             stream::{Stream, StreamOptions, tests::bytes},
         },
+        model::labels::ProcessLabels,
+        model::observed::{Observed, ProcessInfo},
         sink::{
             Sink as _,
             metrics::{Metrics, MetricsSink},
             report::{Output, ReportSink, View},
         },
-        targets::labels::ProcessLabels,
     };
 
     const MS: u64 = 1_000_000;

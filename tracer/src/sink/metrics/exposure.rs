@@ -15,7 +15,7 @@ use prometheus_client::{
 
 use crate::{
     memory::{Exposure, MemoryClass, watch::ExposureReading},
-    targets::labels::ProcessLabels,
+    model::labels::ProcessLabels,
 };
 
 /// `state`: in memory or in swap.

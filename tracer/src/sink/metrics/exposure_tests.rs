@@ -7,13 +7,13 @@ use std::sync::Arc;
 use prometheus_client::encoding::text::encode;
 
 use crate::{
-    engine::observed::{Observed, ProcessInfo},
     memory::{advice::tests::exposure, watch::ExposureReading, watch::ReadAt},
+    model::labels::ProcessLabels,
+    model::observed::{Observed, ProcessInfo},
     sink::{
         Sink as _,
         metrics::{Metrics, MetricsSink},
     },
-    targets::labels::ProcessLabels,
 };
 
 fn labels(exe: &str) -> ProcessLabels {

@@ -33,8 +33,8 @@ use self::observe::{
 };
 pub use self::sink::MetricsSink;
 use crate::{
-    engine::observed::CpuSamples,
-    targets::{labels::ProcessLabels, tracker::FailureReason},
+    model::observed::CpuSamples,
+    model::{labels::ProcessLabels, observed::FailureReason},
 };
 
 /// Pause and fault-wait buckets: 1-2-5 per decade from 10 us to 10 s (19

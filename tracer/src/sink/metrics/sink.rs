@@ -12,13 +12,13 @@ use super::{
     observe::{Backing, FaultObservation, PauseObservation, StackGrowthObservation, WaitedOn},
 };
 use crate::{
-    engine::{
-        event::Losses,
+    model::labels::ProcessLabels,
+    model::{
         fault::{Fault, FaultKind},
+        losses::Losses,
         observed::{Membership, Observed},
     },
     sink::{Sink, slow_pauses::record_id},
-    targets::labels::ProcessLabels,
 };
 
 /// The agent's sink.

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use tracer_common::stack::StackGrowthEvent;
 
 use crate::{
-    engine::{fault::Fault, observed::ProcessInfo},
     formats::pprof::{Location, MappingInfo},
     image::{Frame, ProcessImage},
+    model::{fault::Fault, observed::ProcessInfo},
 };
 
 /// ELF `PF_X`: the executable segment.

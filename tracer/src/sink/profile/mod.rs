@@ -29,14 +29,14 @@ use self::{
 };
 use super::Sink;
 use crate::{
-    engine::{
+    formats::profiles::{ProfileKind, StackGrowthMode},
+    image::ProcessImage,
+    model::labels::ProcessLabels,
+    model::{
         fault::Fault,
         observed::{Membership, Observed},
     },
-    formats::profiles::{ProfileKind, StackGrowthMode},
-    image::ProcessImage,
     stackgrowth::Mode,
-    targets::labels::ProcessLabels,
 };
 
 /// How stack-growth samples are counted.

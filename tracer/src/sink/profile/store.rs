@@ -18,7 +18,6 @@ use std::{
 
 use super::locations::{Stack, stack_bytes};
 use crate::{
-    engine::fault::FaultKind,
     formats::{
         debug_pprof::MAX_SECONDS,
         pprof::{Label, Location, MappingInfo},
@@ -28,7 +27,8 @@ use crate::{
         },
     },
     image::Frame,
-    targets::labels::ProcessLabels,
+    model::fault::FaultKind,
+    model::labels::ProcessLabels,
 };
 
 /// Distinct samples kept, all label sets and both profiles together.

@@ -6,13 +6,13 @@ use tracer_common::stack::{
 
 use super::*;
 use crate::{
-    engine::{
-        correlate::tests_support::record,
+    formats::pprof::{decode, proto},
+    image::Frame,
+    model::pause::tests_support::record,
+    model::{
         fault::FaultKind,
         observed::{ObservedPause, ProcessInfo},
     },
-    formats::pprof::{decode, proto},
-    image::Frame,
 };
 
 const PID: u32 = 7;

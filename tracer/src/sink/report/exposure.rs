@@ -9,15 +9,15 @@ use std::{collections::HashMap, fmt::Write as _, sync::Arc};
 use serde::Serialize;
 
 use crate::{
-    engine::observed::ObservedPause,
     memory::{
         Advice, Evidence, Exposure, HostSwapDelta, MemoryClass, PauseEvidence, StackGrowthEvidence,
         StackSite, ThrottlingEvidence, advice,
         render::{bytes, render_advice, render_exposure},
         watch::{ExposureReading, ReadAt},
     },
+    model::observed::ObservedPause,
+    model::throttling::CpuThrottling,
     stackgrowth::StackGrowthSummary,
-    targets::cpu_throttle::CpuThrottling,
 };
 
 /// A few figures of an exposure (the one the trace started with).

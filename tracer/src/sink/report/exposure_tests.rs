@@ -4,17 +4,18 @@ use std::sync::Arc;
 
 use super::*;
 use crate::{
-    engine::{
-        correlate::tests_support::record,
+    memory::{AdviceKind, HostSwap, advice::tests::exposure},
+    model::labels::ProcessLabels,
+    model::pause::tests_support::record,
+    model::throttling::ThrottleCounts,
+    model::{
         fault::{FaultTotals, PauseFaultStats},
         observed::{Observed, ObservedPause, ProcessInfo},
     },
-    memory::{AdviceKind, HostSwap, advice::tests::exposure},
     sink::{
         Sink as _,
         report::{Output, ReportSink, View, tests::Buf},
     },
-    targets::{cpu_throttle::ThrottleCounts, labels::ProcessLabels},
 };
 
 fn sink(json: bool) -> (ReportSink, Buf) {

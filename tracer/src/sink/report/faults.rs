@@ -8,7 +8,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 use tracer_common::fault::{FaultCounts, FaultTally};
 
-use crate::engine::{
+use crate::model::{
     fault::{Fault, FaultSite, FaultTotals, SiteCounts},
     observed::{Membership, ObservedPause},
 };
@@ -339,7 +339,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::{engine::fault::FaultKind, image::Frame};
+    use crate::{image::Frame, model::fault::FaultKind};
 
     fn fault(tgid: u32, tid: u32, begin: u64, end: u64, site: &str) -> Fault {
         Fault {
@@ -373,7 +373,7 @@ mod tests {
     }
 
     fn pause(pid: u32, stopper: u32, start: u64, end: u64, faults: Vec<Fault>) -> ObservedPause {
-        let mut record = crate::engine::correlate::tests_support::record(pid, start, end - start);
+        let mut record = crate::model::pause::tests_support::record(pid, start, end - start);
         record.tid = stopper;
         ObservedPause { record, faults }
     }

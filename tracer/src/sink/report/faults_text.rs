@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use super::faults::FaultSummary;
 use crate::{
-    engine::fault::{FaultSite, FaultTotals},
+    model::fault::{FaultSite, FaultTotals},
     units::fmt_time_of_day,
 };
 
@@ -130,12 +130,12 @@ mod tests {
 
     use super::*;
     use crate::{
-        engine::{
-            correlate::tests_support::record,
+        image::Frame,
+        model::pause::tests_support::record,
+        model::{
             fault::{Fault, FaultKind},
             observed::ObservedPause,
         },
-        image::Frame,
         sink::report::faults::FaultReport,
     };
 

@@ -35,16 +35,16 @@ pub use self::{
 };
 use super::Sink;
 use crate::{
-    engine::{
+    engine::correlate::CorrelatorStats,
+    image::ProcessImage,
+    model::throttling::CpuThrottling,
+    model::{
         breakdown::Breakdown,
-        correlate::CorrelatorStats,
-        event::Losses,
+        losses::Losses,
         observed::{Observed, ProcessInfo},
         pause::PauseRecord,
     },
-    image::ProcessImage,
     stackgrowth::{Mode, NoSymbols, StackGrowthAggregator, StackGrowthSummary, goroutines},
-    targets::cpu_throttle::CpuThrottling,
 };
 
 /// How many of each process's longest pauses the summary lists.

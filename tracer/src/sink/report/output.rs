@@ -6,7 +6,7 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::text::pause_line;
-use crate::engine::pause::PauseRecord;
+use crate::model::pause::PauseRecord;
 
 /// Where and how live records are written.
 pub struct Output {

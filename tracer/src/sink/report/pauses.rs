@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, HashMap};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::engine::{
+use crate::engine::caller::CallerSite;
+use crate::model::{
     breakdown::Breakdown,
-    caller::CallerSite,
     pause::{PauseRecord, StwReason},
 };
 
@@ -160,7 +160,7 @@ impl PauseStats {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::correlate::tests_support::record;
+    use crate::model::pause::tests_support::record;
 
     #[test]
     fn processes_stay_separate_and_worst_are_kept_in_order() {

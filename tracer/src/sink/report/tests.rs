@@ -3,11 +3,9 @@ use std::{cell::RefCell, io::Write, rc::Rc};
 
 use super::*;
 use crate::{
-    engine::{
-        correlate::tests_support::record,
-        observed::{Observed, ObservedPause},
-    },
-    targets::labels::ProcessLabels,
+    model::labels::ProcessLabels,
+    model::observed::{Observed, ObservedPause},
+    model::pause::tests_support::record,
 };
 
 /// A writer for the sink that keeps every `write` call apart.
@@ -47,7 +45,7 @@ fn started(pid: u32) -> Observed {
 fn pause(pid: u32, reason: u32, d: u64) -> Observed {
     let mut r = record(pid, 200, d);
     r.reason_code = reason;
-    r.reason = crate::engine::pause::StwReason(reason).id();
+    r.reason = crate::model::pause::StwReason(reason).id();
     Observed::Pause(Box::new(ObservedPause {
         record: r,
         faults: Vec::new(),

@@ -2,10 +2,9 @@
 
 use super::Summary;
 use crate::{
-    engine::{
-        caller::CallerSite, explain::LaggardRecord, fault::PauseFaultStats, pause::PauseRecord,
-    },
+    engine::caller::CallerSite,
     image::Frame,
+    model::{fault::PauseFaultStats, laggard::LaggardRecord, pause::PauseRecord},
     units::{fmt_ns, fmt_time_of_day},
 };
 
@@ -280,7 +279,7 @@ pub fn summary_text(s: &Summary) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::fault::{FaultTotals, PhaseFaults};
+    use crate::model::fault::{FaultTotals, PhaseFaults};
 
     #[test]
     fn a_pause_line_splits_its_faults_by_phase() {

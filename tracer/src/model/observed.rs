@@ -10,9 +10,10 @@ use tracer_common::{
     stack::{StackGrowthEvent, StackSiteCounts, StackSiteKey},
 };
 
-use super::{event::Losses, fault::Fault, pause::PauseRecord};
+use super::{fault::Fault, losses::Losses, pause::PauseRecord};
 use crate::{
-    image::ExecutableImage, kernel::capabilities::BackendChoice, targets::labels::ProcessLabels,
+    image::ExecutableImage,
+    model::{backend::BackendChoice, labels::ProcessLabels},
 };
 
 /// A traced process, as every sink names it.
@@ -170,7 +171,7 @@ pub enum Observed {
     /// (sent just before its `Exited`, where the group has a quota).
     CpuThrottling {
         pid: u32,
-        throttling: crate::targets::cpu_throttle::CpuThrottling,
+        throttling: super::throttling::CpuThrottling,
     },
     /// A traced process's memory and swap exposure was read (`attach`,
     /// `run`): at its start, on each refresh, and at its end (sent just
@@ -188,4 +189,47 @@ pub enum Observed {
     /// gostw's own cost so far (its BPF programs, CPU, memory); cumulative,
     /// at most once a second.
     Cost(Arc<crate::bpf_stats::CostReading>),
+}
+
+/// Something that consumes the observed stream.
+pub trait Sink {
+    fn observe(&mut self, o: &Observed);
+
+    /// What this sink writes can no longer be written or read (a write
+    /// failed, or its reader went away): tracing should stop.
+    fn closed(&mut self) -> bool {
+        false
+    }
+
+    /// Every observation of `all`, in order.
+    fn observe_all(&mut self, all: &[Observed]) {
+        for o in all {
+            self.observe(o);
+        }
+    }
+}
+
+/// A sink that may be absent (an output not asked for).
+impl<S: Sink> Sink for Option<S> {
+    fn observe(&mut self, o: &Observed) {
+        if let Some(s) = self {
+            s.observe(o);
+        }
+    }
+
+    fn closed(&mut self) -> bool {
+        self.as_mut().is_some_and(S::closed)
+    }
+}
+
+/// Two sinks fed the same stream.
+impl<A: Sink, B: Sink> Sink for (A, B) {
+    fn observe(&mut self, o: &Observed) {
+        self.0.observe(o);
+        self.1.observe(o);
+    }
+
+    fn closed(&mut self) -> bool {
+        self.0.closed() || self.1.closed()
+    }
 }

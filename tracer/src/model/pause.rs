@@ -5,6 +5,8 @@
 use serde::Serialize;
 use tracer_common::pause::{PauseEvent, REASON_FROM_TEXT};
 
+use crate::clock::WallClock;
+
 /// A Go `stwReason` (the table is the same in Go 1.21-1.27).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct StwReason(pub u32);
@@ -157,38 +159,6 @@ impl PauseRecord {
     }
 }
 
-/// Difference between CLOCK_REALTIME and CLOCK_MONOTONIC, taken once, to
-/// print kernel timestamps as wall-clock time.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WallClock {
-    pub realtime_minus_monotonic_ns: i128,
-}
-
-impl WallClock {
-    /// Measure the offset now.
-    pub fn now() -> WallClock {
-        let read = |clock| {
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            // SAFETY: valid clock id and pointer.
-            unsafe { libc::clock_gettime(clock, &mut ts) };
-            i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
-        };
-        let mono = read(libc::CLOCK_MONOTONIC);
-        let real = read(libc::CLOCK_REALTIME);
-        WallClock {
-            realtime_minus_monotonic_ns: real - mono,
-        }
-    }
-
-    /// A monotonic timestamp as Unix nanoseconds.
-    pub fn unix_ns(self, mono_ns: u64) -> u64 {
-        u64::try_from(i128::from(mono_ns) + self.realtime_minus_monotonic_ns).unwrap_or(0)
-    }
-}
-
 /// Turn a kernel `PauseEvent` into a record.
 pub fn record(ev: &PauseEvent, clock: WallClock) -> PauseRecord {
     let text = (ev.flags & PauseEvent::FLAG_REASON_TEXT != 0).then(|| {
@@ -259,6 +229,36 @@ fn stopping_ns(ev: &PauseEvent) -> Option<u64> {
         && s.started_ns >= ev.stop_ts_ns
         && s.finished_ns <= ev.go_now_ns.min(ev.header.ts_ns);
     consistent.then(|| s.finished_ns.checked_sub(s.started_ns))?
+}
+
+/// Pause records for other modules' tests.
+#[cfg(test)]
+pub mod tests_support {
+    use super::{DurationSource, PauseRecord};
+
+    /// A GC sweep termination of `pid` stopped by `pid`, Go-timed.
+    pub fn record(pid: u32, start: u64, dur: u64) -> PauseRecord {
+        PauseRecord {
+            pid,
+            tid: pid,
+            reason_code: 2,
+            reason: "gc_sweep_termination",
+            reason_text: None,
+            start_mono_ns: start,
+            start_unix_ns: start,
+            duration_ns: dur,
+            duration_source: DurationSource::Go,
+            go_duration_ns: Some(dur),
+            window_ns: dur,
+            stopping_ns: None,
+            caller: None,
+            laggards: None,
+            breakdown: None,
+            restarting_ns: None,
+            faults: None,
+            explain_input: None,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -147,7 +147,7 @@ mod tests {
 
     #[test]
     fn reads_this_process_pages() {
-        let page = crate::memory::page_size();
+        let page = crate::procfs::page_size();
         let buf = vec![1u8; 16 * page as usize];
         let start = (buf.as_ptr() as u64).div_ceil(page) * page;
         let pm = Pagemap::open(std::process::id(), page).unwrap();

@@ -5,7 +5,7 @@
 
 use std::{io, ops::Range};
 
-use crate::memory::pagemap::{Pagemap, is_present};
+use super::pagemap::{Pagemap, is_present};
 
 /// Pages closer than this are looked up in one pagemap read (the gap's
 /// entries are read and thrown away: 128 bytes at most).
@@ -32,7 +32,7 @@ pub struct Resident {
 impl Resident {
     /// Open the pagemap of `pid`.
     pub fn open(pid: u32) -> io::Result<Resident> {
-        let page = crate::memory::page_size();
+        let page = super::page_size();
         Ok(Resident {
             pagemap: Pagemap::open(pid, page)?,
             page,

@@ -1,0 +1,234 @@
+//! The library's layers, held against its code: every top-level module of
+//! `tracer/src` has a layer, and its code (tests aside) names only modules
+//! of lower layers. Modules of one layer stay independent of each other.
+//! Test code may reach higher (the tracker's tests read its failures
+//! through the metrics sink); the code it tests may not.
+
+use std::{collections::BTreeSet, path::Path};
+
+/// Lowest first.
+const LAYERS: &[&[&str]] = &[
+    &["units", "privilege", "procfs", "bpf_stats", "clock"],
+    &["binary"],
+    &["image"],
+    &["stackgrowth"],
+    &["memory"],
+    // The records every stage shares (it carries the readings of the
+    // readers below it).
+    &["model"],
+    &["targets", "formats"],
+    &["kernel"],
+    &["engine", "check", "inspect"],
+    &["sink"],
+    &["agent"],
+    &["cli"],
+    &["reference"],
+    &["main"],
+];
+
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|l| l.contains(&module))
+}
+
+/// The code of a file without comments and `#[cfg(test)]` items.
+fn production_code(text: &str) -> String {
+    let no_comments: String = text
+        .lines()
+        .map(|l| match l.find("//") {
+            // `//` inside a string ("http://") is rare enough in this crate's
+            // import-bearing lines; a cut string only hides names.
+            Some(i) => &l[..i],
+            None => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut out = String::new();
+    let mut rest = no_comments.as_str();
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at..];
+        // The item the attribute applies to ends at its `;` or its block.
+        let semi = after.find(';').unwrap_or(after.len());
+        let brace = after.find('{').unwrap_or(after.len());
+        rest = if semi < brace {
+            &after[(semi + 1).min(after.len())..]
+        } else {
+            match closing(after, brace) {
+                Some(end) => &after[end + 1..],
+                None => "",
+            }
+        };
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The index of the `}` closing the `{` at `open`.
+fn closing(s: &str, open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in s[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(open + i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The crate's top-level modules a piece of code names (`crate::x`,
+/// `tracer::x`, and the items of `crate::{x, y::z}`).
+fn named_modules(code: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for root in ["crate::", "tracer::"] {
+        let mut from = 0;
+        while let Some(i) = code[from..].find(root) {
+            let at = from + i;
+            from = at + root.len();
+            // `tracer_common::`, `my_crate::`: not this crate.
+            let before = code[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            let tail = &code[from..];
+            if tail.starts_with('{') {
+                let Some(end) = closing(tail, 0) else {
+                    continue;
+                };
+                for item in top_level_items(&tail[1..end]) {
+                    found.extend(ident(item));
+                }
+            } else {
+                found.extend(ident(tail));
+            }
+        }
+    }
+    found
+}
+
+/// `a::b, c::{d, e}, f` -> ["a::b", "c::{d, e}", "f"].
+fn top_level_items(s: &str) -> Vec<&str> {
+    let (mut items, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    for (i, c) in s.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(s[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(s[start..].trim());
+    items.into_iter().filter(|i| !i.is_empty()).collect()
+}
+
+/// The module an item starts with; none for a macro (`crate::say!`).
+fn ident(s: &str) -> Option<String> {
+    let s = s.trim_start();
+    let end = s
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    let name = &s[..end];
+    (!name.is_empty() && !s[end..].starts_with('!') && name != "self").then(|| name.to_owned())
+}
+
+/// Every import of `module`'s code that breaks the layering.
+fn violations(module: &str, code: &str) -> Vec<String> {
+    let Some(own) = layer_of(module) else {
+        return vec![format!("{module} has no layer in LAYERS")];
+    };
+    named_modules(code)
+        .into_iter()
+        .filter(|m| m != module)
+        .filter_map(|m| match layer_of(&m) {
+            Some(l) if l < own => None,
+            Some(l) if l == own => Some(format!("{module} uses {m}, of its own layer")),
+            Some(_) => Some(format!("{module} uses {m}, a layer above it")),
+            None => Some(format!("{module} uses {m}, which has no layer in LAYERS")),
+        })
+        .collect()
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn no_module_imports_from_a_layer_above_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut broken = Vec::new();
+    let mut checked = BTreeSet::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        let name = rel.file_name().unwrap().to_string_lossy();
+        // Test files (`#[path = "x_tests.rs"]`, `tests.rs`) are test code.
+        if name == "lib.rs" || name == "tests.rs" || name.ends_with("_tests.rs") {
+            continue;
+        }
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
+        let module = first.trim_end_matches(".rs").to_owned();
+        checked.insert(module.clone());
+        let code = production_code(&std::fs::read_to_string(f).unwrap());
+        broken.extend(
+            violations(&module, &code)
+                .into_iter()
+                .map(|v| format!("{}: {v}", rel.display())),
+        );
+    }
+    assert!(
+        checked.len() >= 20,
+        "found only {checked:?}: is {} the source tree?",
+        src.display()
+    );
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+/// The check itself, on code that breaks the rule in each way it can.
+#[test]
+fn an_import_from_above_fails_the_check() {
+    let up = "use crate::{\n    image::Frame,\n    sink::Sink,\n};";
+    assert_eq!(
+        violations("model", up),
+        ["model uses sink, a layer above it"]
+    );
+    assert_eq!(
+        violations("targets", "let x = crate::formats::pprof();"),
+        ["targets uses formats, of its own layer"]
+    );
+    assert_eq!(
+        violations("kernel", "tracer::nowhere::f()"),
+        ["kernel uses nowhere, which has no layer in LAYERS"]
+    );
+    assert_eq!(violations("newmod", ""), ["newmod has no layer in LAYERS"]);
+    // What the check must not count: lower layers, other crates, macros,
+    // comments and test code.
+    let fine = "use crate::{binary::X, image::{a, b}};\nuse tracer_common::pause::P;\n\
+                crate::say!(\"x\");\n// crate::agent::y\n\
+                #[cfg(test)]\nmod tests {\n    use crate::agent::Z;\n}\n\
+                #[cfg(test)]\nuse crate::cli::W;\n";
+    assert_eq!(
+        violations("model", &production_code(fine)),
+        Vec::<String>::new()
+    );
+}
