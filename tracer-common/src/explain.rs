@@ -96,9 +96,10 @@ pub struct Laggard {
     /// on the thread (preempted, or in a fault or syscall), in
     /// `PAUSE_STACKS`; negative: none.
     pub user_stack_id: i32,
-    /// Its user stack at the last sample of the laggard sampler that found
+    /// Its user stack at the first sample of the laggard sampler that found
     /// it on a CPU while the world was stopping (the code that kept it from
-    /// stopping), in `PAUSE_STACKS`; negative: none. Never sampled, its
+    /// stopping; a later one can catch it entering its safe point), in
+    /// `PAUSE_STACKS`; negative: none. Never sampled, its
     /// user stack when the kernel last preempted it in its goroutine's code
     /// while the world was stopping (`HELD_AT_PREEMPTION`).
     pub held_stack_id: i32,

@@ -4,7 +4,8 @@
 //! returns after one array lookup. Inside a stopping phase, a thread that
 //! the M list named as running a goroutine, sampled in user mode while
 //! still running that goroutine (R14, the current g in Go code, is it), has
-//! its user stack taken: the code that keeps it from stopping. A sample
+//! its user stack taken at the first such sample: the code that keeps it
+//! from stopping (later samples are counted). A sample
 //! after the goroutine reached its safe point (the runtime on g0's stack)
 //! or in the kernel is not taken. Its switch-out (`explain_sched`) only
 //! shows where it finally stopped, which for a loop whose safe point is in
@@ -62,14 +63,21 @@ pub fn laggard_sample(ctx: PerfEventContext) -> u32 {
         return 0;
     }
     let slot = laggard_slot(d, tid);
-    let flags = (BPF_F_USER_STACK | BPF_F_REUSE_STACKID) as u64;
-    match ctx.get_stackid(&PAUSE_STACKS, flags) {
-        Ok(id) => {
-            let l = &mut d.laggards[slot];
-            l.held_stack_id = id as i32;
-            l.held_samples += 1;
+    let l = &mut d.laggards[slot];
+    // The first sample's stack is the code that kept the world waiting.
+    // A later one can catch the goroutine on its way to the safe point
+    // (`runtime.morestack`, still on its own stack), which names where it
+    // stopped, as its switch-out already does.
+    if l.held_samples == 0 {
+        let flags = (BPF_F_USER_STACK | BPF_F_REUSE_STACKID) as u64;
+        match ctx.get_stackid(&PAUSE_STACKS, flags) {
+            Ok(id) => l.held_stack_id = id as i32,
+            Err(_) => {
+                count(Counter::LaggardStackFailed);
+                return 0;
+            }
         }
-        Err(_) => count(Counter::LaggardStackFailed),
     }
+    l.held_samples += 1;
     0
 }

@@ -4,7 +4,10 @@
 //! Test code may reach higher (the tracker's tests read its failures
 //! through the metrics sink); the code it tests may not.
 
-use std::{collections::BTreeSet, path::Path};
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+};
 
 /// Lowest first.
 const LAYERS: &[&[&str]] = &[
@@ -167,41 +170,67 @@ fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-#[test]
-fn no_module_imports_from_a_layer_above_it() {
+/// Every non-test source file of `tracer/src` as (top-level module, path
+/// under src, code without comments and tests).
+fn modules_code() -> Vec<(String, PathBuf, String)> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
+    files
+        .iter()
+        .filter_map(|f| {
+            let rel = f.strip_prefix(&src).unwrap().to_owned();
+            let name = rel.file_name().unwrap().to_string_lossy();
+            // Test files (`#[path = "x_tests.rs"]`, `tests.rs`) are test code.
+            if name == "lib.rs" || name == "tests.rs" || name.ends_with("_tests.rs") {
+                return None;
+            }
+            let first = rel.components().next()?.as_os_str().to_string_lossy();
+            let module = first.trim_end_matches(".rs").to_owned();
+            let code = production_code(&std::fs::read_to_string(f).unwrap());
+            Some((module, rel, code))
+        })
+        .collect()
+}
+
+#[test]
+fn no_module_imports_from_a_layer_above_it() {
     let mut broken = Vec::new();
     let mut checked = BTreeSet::new();
-    for f in &files {
-        let rel = f.strip_prefix(&src).unwrap();
-        let name = rel.file_name().unwrap().to_string_lossy();
-        // Test files (`#[path = "x_tests.rs"]`, `tests.rs`) are test code.
-        if name == "lib.rs" || name == "tests.rs" || name.ends_with("_tests.rs") {
-            continue;
-        }
-        let first = rel
-            .components()
-            .next()
-            .unwrap()
-            .as_os_str()
-            .to_string_lossy();
-        let module = first.trim_end_matches(".rs").to_owned();
-        checked.insert(module.clone());
-        let code = production_code(&std::fs::read_to_string(f).unwrap());
+    for (module, rel, code) in modules_code() {
         broken.extend(
             violations(&module, &code)
                 .into_iter()
                 .map(|v| format!("{}: {v}", rel.display())),
         );
+        checked.insert(module);
     }
-    assert!(
-        checked.len() >= 20,
-        "found only {checked:?}: is {} the source tree?",
-        src.display()
-    );
+    assert!(checked.len() >= 20, "found only {checked:?}");
     assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+/// What reading `/proc` looks like in this crate's code: a path, a
+/// process's image or exposure read by pid, the `/proc` readers.
+fn reads_proc(code: &str) -> bool {
+    ["\"/proc", "of_pid(", "procfs::", "Exposure::read"]
+        .iter()
+        .any(|p| code.contains(p))
+}
+
+/// Sinks are functions of the observed stream: the engine symbolizes and
+/// reads what they need, so a recorded stream gives the same output later.
+#[test]
+fn no_sink_reads_proc() {
+    let readers: Vec<String> = modules_code()
+        .into_iter()
+        .filter(|(m, _, code)| m == "sink" && reads_proc(code))
+        .map(|(_, rel, _)| rel.display().to_string())
+        .collect();
+    assert!(readers.is_empty(), "sink files reading /proc: {readers:?}");
+    // The check itself.
+    assert!(reads_proc("std::fs::read(\"/proc/self/maps\")"));
+    assert!(reads_proc("let image = ProcessImage::of_pid(pid)?;"));
+    assert!(!reads_proc(&production_code("// \"/proc\"\nlet x = 1;")));
 }
 
 /// The check itself, on code that breaks the rule in each way it can.

@@ -24,7 +24,7 @@ pub struct RawLaggard {
     /// Its goroutine's saved stack when it left the thread, else the
     /// thread's user stack at its last switch-out.
     pub frames: Vec<Frame>,
-    /// Its user stack at the laggard sampler's last sample of it while the
+    /// Its user stack at the laggard sampler's first sample of it while the
     /// world was stopping (empty: never sampled), and how many samples.
     pub held: Vec<Frame>,
     pub held_samples: u32,
