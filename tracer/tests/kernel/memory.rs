@@ -57,6 +57,11 @@ const SWAPPINESS: u64 = 60;
 const ARENA_INDEX_BYTES: u64 = ARENA_L2_ENTRIES * 8;
 /// Runtime mappings outside its statistics besides the arena index.
 const UNCOUNTED_SLACK: u64 = 128 << 10;
+/// The same in cgo builds, where anonymous memory C made and gostw could
+/// not tell apart counts as GC metadata (the report says so): once 166 KiB
+/// over (Go 1.27.3, a fresh-clone run with a CPU-bound program beside it;
+/// up to 34 KiB otherwise).
+const UNCOUNTED_SLACK_CGO: u64 = 256 << 10;
 
 pub(crate) fn gostw(args: &[&str]) -> Output {
     Command::new(GOSTW)
@@ -380,8 +385,13 @@ fn check_against_runtime_metrics(r: &Run) {
         (source, _) => panic!("arena index part {index:?} with the heap from {source}"),
     }
     let meta_mapped = n(meta, "mapped_bytes") - ARENA_INDEX_BYTES;
+    let slack = if r.report["exposure"]["c_runtime"] == true {
+        UNCOUNTED_SLACK_CGO
+    } else {
+        UNCOUNTED_SLACK
+    };
     assert!(
-        meta_mapped >= non_heap_rt && meta_mapped - non_heap_rt <= UNCOUNTED_SLACK,
+        meta_mapped >= non_heap_rt && meta_mapped - non_heap_rt <= slack,
         "GC metadata mapped {meta_mapped} (without the arena index) vs total - heap/* {non_heap_rt}"
     );
     let inuse = metric(m, "metadata/mspan/inuse") + metric(m, "metadata/mcache/inuse");
