@@ -267,6 +267,87 @@ fn the_same_spinner_under_other_names_is_named_as_itself() {
     );
 }
 
+/// The same leaf loop seen by `gostw attach` on a running program (the
+/// test above starts it with `gostw run`; the agent's is in
+/// `agent_pauses`): the pauses that waited 1 ms or more to stop for it
+/// name `main.spinLoop` innermost in at least 90% of them.
+#[test]
+fn attach_names_the_leaf_loop_that_held_the_world() {
+    require_root();
+    let go = newest_go();
+    let path = build_workload("stw", &go, "", &[]);
+    let mut workload = Command::new(&path)
+        .args(["-spinners", "1", "-spin-chunk", "20ms", "-gc", "1"])
+        .args(["-readmemstats", "0", "-gomaxprocs", "0", "-alloc-mb", "0"])
+        .args(["-duration", "60s", "-interval", "40ms"])
+        .env("GODEBUG", "asyncpreemptoff=1")
+        .env("GOMAXPROCS", "2")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("starting the workload");
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = workload.id().to_string();
+    let stdout = gostw_stdout(
+        Command::new(GOSTW).args([
+            "attach",
+            "--pid",
+            &pid,
+            "--json",
+            "--no-faults",
+            "--stacks",
+            "off",
+            // Counted from when tracing began (attaching takes seconds on
+            // a busy host).
+            "--duration",
+            "3s",
+        ]),
+        "gostw attach",
+    );
+    let _ = workload.kill();
+    let _ = workload.wait();
+    let pauses = json_records(&stdout, "pause");
+    // Pauses the spinner held: a laggard that waited for a CPU (a busy
+    // host) held nothing, it was held.
+    let waited: Vec<&Value> = pauses
+        .iter()
+        .filter(|p| ns(&p["duration_ns"]) >= MS && ns(&p["stopping_ns"]) >= MS)
+        .filter(|p| p["laggards"][0]["state"] != "runnable")
+        .collect();
+    let innermost = waited
+        .iter()
+        .filter(|p| {
+            let l = &p["laggards"][0];
+            let named = functions(&l["frames"]).first() == Some(&"main.spinLoop");
+            if !named {
+                eprintln!(
+                    "not the loop: {} ms, state {}, from {}, frames {:?}",
+                    ns(&p["duration_ns"]) / MS,
+                    l["state"],
+                    l["frames_from"],
+                    functions(&l["frames"])
+                );
+            }
+            named
+        })
+        .count();
+    eprintln!(
+        "Go {}: attach: {} pauses, {} waited 1 ms or more to stop for a running laggard, {innermost} with main.spinLoop innermost",
+        go.version,
+        pauses.len(),
+        waited.len()
+    );
+    assert!(
+        waited.len() >= 10,
+        "only {} pauses waited 1 ms to stop: the spinner did not hold them",
+        waited.len()
+    );
+    assert!(
+        innermost * 10 >= waited.len() * 9,
+        "main.spinLoop innermost in {innermost} of {} pauses that waited",
+        waited.len()
+    );
+}
+
 /// A CPU cgroup with a CFS quota (v1 `cpu.cfs_quota_us`, else v2
 /// `cpu.max`), removed on drop.
 struct CpuCgroup {

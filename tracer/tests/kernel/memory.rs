@@ -338,35 +338,34 @@ fn check_against_runtime_metrics(r: &Run) {
         .map(|h| metric(m, &format!("heap/{h}")))
         .sum();
     let released = metric(m, "heap/released");
-    let non_heap_rt = metric(m, "total") - heap_rt;
     let heap = class(&r.report, "heap_arenas");
-    // Equal, except on Go 1.19 with cgo: there the arenas were 160 KiB (20
-    // pages) over `heap/*` in 2 of 5 fresh-clone runs of the suite, the
-    // same figure both times, not yet explained; no other build was ever
-    // off by a byte.
-    let go119_cgo = r.report["exposure"]["go_version"]
-        .as_str()
-        .is_some_and(|v| v.starts_with("go1.19"))
-        && r.report["exposure"]["c_runtime"] == true;
+    // The runtime carves its GC work buffers (and on 1.19 the pointer
+    // bitmaps of GC programs) out of arena pages, but runtime/metrics counts
+    // them in metadata/other: gostw, reading the arenas, sees them as heap.
+    // Usually none is live at the snapshot (sweeping frees them); seen: 160
+    // KiB, five 32 KiB work-buffer chunks, on Go 1.19 with cgo in 2 of 5
+    // fresh-clone runs. They are moved to the metadata side below.
     let mapped = n(heap, "mapped_bytes");
-    if go119_cgo && mapped != heap_rt {
-        eprintln!("Go 1.19 cgo: heap arenas {mapped} vs heap/* {heap_rt}");
-        assert!(
-            mapped > heap_rt && mapped - heap_rt <= 160 << 10,
-            "heap arenas mapped {mapped} vs heap/* {heap_rt}"
-        );
-    } else {
-        assert_eq!(mapped, heap_rt, "heap arenas mapped vs heap/*");
+    let other_meta = metric(m, "metadata/other");
+    assert!(
+        mapped >= heap_rt && mapped - heap_rt <= other_meta,
+        "heap arenas mapped {mapped} vs heap/* {heap_rt} (metadata/other {other_meta})"
+    );
+    let carved = mapped - heap_rt;
+    if carved > 0 {
+        eprintln!("heap arenas {carved} bytes over heap/*: GC work buffers in metadata/other");
     }
+    let non_heap_rt = metric(m, "total") - heap_rt - carved;
     let touched = n(heap, "resident_bytes") + n(heap, "swapped_bytes");
     let in_use = heap_rt - released;
     // With transparent huge pages always on (Debian's kernels), whole 2 MiB
     // pages are resident, released and never-written pages in them too.
-    let ceiling = if thp_always() {
-        heap_rt
-    } else {
-        in_use + heap_rt / 100
-    };
+    let ceiling = carved
+        + if thp_always() {
+            heap_rt
+        } else {
+            in_use + heap_rt / 100
+        };
     assert!(
         touched + heap_rt / 100 >= in_use && touched <= ceiling,
         "heap arenas touched {touched} vs heap/* - released {in_use} (ceiling {ceiling})"
