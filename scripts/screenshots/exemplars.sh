@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The book's picture of the way from a dashboard spike to the pause's record,
 # taken headless on loopback with real parts:
-#   docs/exemplars-prometheus.png  Prometheus's graph of the pause p99 by
-#                                  reason, exemplars shown: each dot is a slow
-#                                  pause whose pause_id names its record
+#   docs/pause-exemplars.png  the pause p99 by reason from a real Prometheus,
+#                             exemplars shown: each dot is a slow pause whose
+#                             pause_id names its record
 # and, for the page's text, target/screenshots/exemplars/record.txt: `gostw
 # pauses` on that agent, the records the dots name (laggard, caller, breakdown).
 # The workload is the kernel tests' spinner (a goroutine that cannot be
@@ -66,12 +66,15 @@ setsid env GODEBUG=asyncpreemptoff=1 GOMAXPROCS=2 "$stw" -spinners 1 -spin-chunk
 pids+=($!)
 sleep 120
 
-expr='histogram_quantile(0.99, sum by (le, reason) (rate(gostw_pause_duration_seconds_bucket[15s])))'
-query=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1]))' "$expr")
+# Debian's Prometheus has only its classic UI (no exemplars drawn) and these
+# hosts have no Grafana: the panel's lines and dots are drawn from the same
+# API by exemplars_chart.py, with the record behind the highest dot.
+end=$(date +%s)
+python3 scripts/screenshots/exemplars_chart.py "http://127.0.0.1:$prom_port" "$((end - 130))" "$end" \
+  "$work/pauses.jsonl" "$work/chart.html"
 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --disable-background-networking \
   --disable-component-update --no-first-run --user-data-dir="$(mktemp -d)" \
-  --virtual-time-budget=15000 --window-size=1400,760 --screenshot=docs/exemplars-prometheus.png \
-  "http://127.0.0.1:$prom_port/graph?g0.expr=$query&g0.tab=0&g0.range_input=2m&g0.show_exemplars=1" \
+  --window-size=1400,620 --screenshot=docs/pause-exemplars.png "file://$(realpath "$work/chart.html")" \
   2>/dev/null
 
 # The records the exemplars name: Prometheus's own list of them, then gostw's.
@@ -83,4 +86,4 @@ ids=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["data"]; print
   "$gostw" pauses --agent "127.0.0.1:$agent_port" --min 10ms --limit 3
 } >"$work/record.txt"
 echo "exemplars kept by Prometheus: $ids distinct pause ids"
-ls -l docs/exemplars-prometheus.png "$work/record.txt"
+ls -l docs/pause-exemplars.png "$work/record.txt"
