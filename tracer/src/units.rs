@@ -61,6 +61,57 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// Bytes in binary units, one decimal: `1536` -> "1.5 KiB" (memory reports).
+pub fn fmt_bytes(n: u64) -> String {
+    let (v, u) = scaled(n, ["B", "KiB", "MiB", "GiB", "TiB"]);
+    if u == "B" {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {u}")
+    }
+}
+
+/// A stack or copy size the way Go's docs write them (binary, "KB"), whole
+/// where exact: `2048` -> "2 KB", `1536` -> "1.5 KB".
+pub fn fmt_stack_size(n: u64) -> String {
+    let (v, u) = scaled(n, ["B", "KB", "MB", "GB", "TB"]);
+    if v.fract() == 0.0 || u == "B" {
+        format!("{v:.0} {u}")
+    } else {
+        format!("{v:.1} {u}")
+    }
+}
+
+/// ns -> "12.3 ms".
+pub fn fmt_ms(ns: u64) -> String {
+    format!("{:.1} ms", ns as f64 / 1e6)
+}
+
+/// ns -> "60 us" under a millisecond, else "12.3 ms".
+pub fn fmt_short_duration(ns: u64) -> String {
+    if ns < 1_000_000 {
+        format!("{} us", ns / 1000)
+    } else {
+        fmt_ms(ns)
+    }
+}
+
+/// 0.123 -> "12.3%".
+pub fn fmt_pct(share: f64) -> String {
+    format!("{:.1}%", share * 100.0)
+}
+
+/// `n` divided by 1024 until below it, with the unit it reached.
+fn scaled(n: u64, units: [&'static str; 5]) -> (f64, &'static str) {
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < units.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    (v, units[u])
+}
+
 /// Nanoseconds as a short human figure with a unit: "850 ns", "12.3 us",
 /// "1.25 ms", "2.00 s".
 pub fn fmt_ns(ns: u64) -> String {
@@ -95,6 +146,21 @@ pub fn fmt_time_of_day(unix_ns: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_and_duration_formats() {
+        assert_eq!(fmt_bytes(512), "512 B");
+        assert_eq!(fmt_bytes(1536), "1.5 KiB");
+        assert_eq!(fmt_bytes(64 << 20), "64.0 MiB");
+        assert_eq!(fmt_stack_size(2048), "2 KB");
+        assert_eq!(fmt_stack_size(1536), "1.5 KB");
+        assert_eq!(fmt_stack_size(100), "100 B");
+        assert_eq!(fmt_stack_size(32 << 20), "32 MB");
+        assert_eq!(fmt_ms(1_250_000), "1.2 ms");
+        assert_eq!(fmt_short_duration(60_460), "60 us");
+        assert_eq!(fmt_short_duration(2_500_000), "2.5 ms");
+        assert_eq!(fmt_pct(0.125), "12.5%");
+    }
 
     #[test]
     fn parses_common_forms() {

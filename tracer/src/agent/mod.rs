@@ -22,7 +22,11 @@ use anyhow::Context as _;
 
 use crate::{
     engine::{Engine, Stop, Until},
-    kernel::{CoreOptions, capabilities::FaultSource, stacks::StackGrowthOptions},
+    kernel::{
+        CoreOptions,
+        capabilities::FaultSource,
+        stacks::{SAMPLE_HZ, StackGrowthOptions},
+    },
     sink::{
         metrics::{Metrics, MetricsSink},
         pause_log::PauseLog,
@@ -64,11 +68,6 @@ pub enum PauseLogTo {
     Off,
     File(std::path::PathBuf),
 }
-
-/// CPU samples per second per CPU of the stack growth sampler: the
-/// affordable default of `gostw stacks` (measured at under 3% throughput on
-/// a growth-heavy workload), and off the 100 Hz of timer ticks.
-pub const SAMPLE_HZ: u64 = 99;
 
 /// What the agent traces: pauses, faults (auto backend), sampled stack
 /// growth, and Go's stopping phase and the pauses' explanation if

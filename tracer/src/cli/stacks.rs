@@ -38,7 +38,7 @@ pub struct StacksArgs {
     #[arg(long)]
     json: bool,
     /// Sampled mode: samples per second per CPU.
-    #[arg(long, default_value_t = 99, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    #[arg(long, default_value_t = crate::kernel::stacks::SAMPLE_HZ, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     sample_hz: u64,
     /// Exact mode: attach the probe this long...
     #[arg(long, value_parser = parse_positive_duration, default_value = "1s")]

@@ -8,10 +8,12 @@ use super::{
     Exposure, HostSwapDelta,
     cgroup::{CgroupMemory, CgroupVersion, Limit},
     classes::MemoryClass,
-    render::{bytes, ms, pct, short_duration},
 };
-use crate::stackgrowth::recommend::{
-    NEGLIGIBLE_COPIED_BYTES_PER_SEC, NEGLIGIBLE_CPU_SHARE, NEGLIGIBLE_GROWTHS_PER_SEC,
+use crate::{
+    stackgrowth::recommend::{
+        NEGLIGIBLE_COPIED_BYTES_PER_SEC, NEGLIGIBLE_CPU_SHARE, NEGLIGIBLE_GROWTHS_PER_SEC,
+    },
+    units::{fmt_bytes, fmt_ms, fmt_pct, fmt_short_duration},
 };
 
 /// GC metadata in swap at or above this (16 pages) is worth acting on: each
@@ -152,9 +154,9 @@ fn metadata_swapped(e: &Exposure, ev: &Evidence) -> Option<Advice> {
     }
     let mut evidence = format!(
         "{} of GC metadata in swap ({} of the {} it holds); the next GC reads it: up to {} major faults ({} with {}-page swap readahead)",
-        bytes(reads.swapped_bytes),
-        pct(reads.swapped_bytes as f64 / meta.usage.touched_bytes().max(1) as f64),
-        bytes(meta.usage.touched_bytes()),
+        fmt_bytes(reads.swapped_bytes),
+        fmt_pct(reads.swapped_bytes as f64 / meta.usage.touched_bytes().max(1) as f64),
+        fmt_bytes(meta.usage.touched_bytes()),
         reads.faults_at_most,
         reads.faults_at_least,
         reads.readahead_pages
@@ -163,13 +165,16 @@ fn metadata_swapped(e: &Exposure, ev: &Evidence) -> Option<Advice> {
         let per_fault = p.fault_ns_in_pauses / p.faults_in_pauses;
         evidence += &format!(
             ", about {} at the {} per fault measured in pauses",
-            ms(per_fault.saturating_mul(reads.faults_at_least)),
-            short_duration(per_fault)
+            fmt_ms(per_fault.saturating_mul(reads.faults_at_least)),
+            fmt_short_duration(per_fault)
         );
     }
     let heap = e.class(MemoryClass::HeapArenas);
     if heap.usage.swapped_bytes > 0 {
-        evidence += &format!("; heap arenas: {} in swap", bytes(heap.usage.swapped_bytes));
+        evidence += &format!(
+            "; heap arenas: {} in swap",
+            fmt_bytes(heap.usage.swapped_bytes)
+        );
     }
     if let Some(c) = &e.cgroup {
         evidence += &format!("; {}", cgroup_summary(c));
@@ -180,7 +185,7 @@ fn metadata_swapped(e: &Exposure, ev: &Evidence) -> Option<Advice> {
             h.pswpin_per_sec, h.pswpout_per_sec, h.interval_secs
         );
         if let Some(r) = h.readahead_hit_ratio {
-            evidence += &format!(", swap readahead hit {}", pct(r));
+            evidence += &format!(", swap readahead hit {}", fmt_pct(r));
         }
     }
     Some(Advice {
@@ -199,7 +204,7 @@ fn cgroup_summary(c: &CgroupMemory) -> String {
         CgroupVersion::V2 => "v2",
     };
     let lim = |l: Option<Limit>| match l {
-        Some(Limit::Bytes(b)) => bytes(b),
+        Some(Limit::Bytes(b)) => fmt_bytes(b),
         Some(Limit::Max) => "max".into(),
         None => "?".into(),
     };
@@ -209,7 +214,7 @@ fn cgroup_summary(c: &CgroupMemory) -> String {
     }
     s += &format!(
         ": usage {}, limit {}",
-        c.usage_bytes.map_or("?".into(), bytes),
+        c.usage_bytes.map_or("?".into(), fmt_bytes),
         lim(c.effective_limit)
     );
     if c.version == CgroupVersion::V2 {
@@ -217,7 +222,7 @@ fn cgroup_summary(c: &CgroupMemory) -> String {
     }
     s += &format!(
         ", swap {} (limit {})",
-        c.swap_current_bytes.map_or("?".into(), bytes),
+        c.swap_current_bytes.map_or("?".into(), fmt_bytes),
         lim(c.swap_limit)
     );
     if let Some(sw) = c.swappiness {
@@ -237,8 +242,8 @@ fn metadata_actions(e: &Exposure) -> Vec<String> {
             if let (Some(max), Some(Limit::Max) | None) = (c.limit.and_then(Limit::bytes), c.high) {
                 a.push(format!(
                     "set memory.high to about {} (below memory.max {}) for {}: the kernel then reclaims and throttles the group gradually, instead of reclaiming whatever is cold (the runtime's metadata between GCs) when it hits the hard limit",
-                    bytes(share(max)),
-                    bytes(max),
+                    fmt_bytes(share(max)),
+                    fmt_bytes(max),
                     c.path
                 ));
             }
@@ -262,7 +267,7 @@ fn metadata_actions(e: &Exposure) -> Vec<String> {
             ) {
                 a.push(format!(
                     "turn swap off for the group: memory.memsw.limit_in_bytes = memory.limit_in_bytes ({}) for {}",
-                    bytes(l),
+                    fmt_bytes(l),
                     c.path
                 ));
             }
@@ -277,7 +282,7 @@ fn metadata_actions(e: &Exposure) -> Vec<String> {
         a.push(format!(
             "lower GOGC, or set GOMEMLIMIT={}MiB (under the {} limit), so the heap's peak leaves the group room and reclaim need not swap the runtime",
             share(l) >> 20,
-            bytes(l)
+            fmt_bytes(l)
         ));
     }
     let host_swappiness = e.host.swappiness.map_or("?".into(), |s| s.to_string());
@@ -309,11 +314,11 @@ fn pause_faults(e: &Exposure, p: &PauseEvidence) -> Option<Advice> {
         p.pauses_with_faults,
         p.pauses,
         p.faults_in_pauses,
-        ms(p.fault_ns_in_pauses),
-        ms(p.pause_ns),
-        pct(share.min(1.0)),
-        ms(p.most_faulted_pause_ns),
-        pct(p.most_faulted_pause_fault_ns as f64 / p.most_faulted_pause_ns.max(1) as f64)
+        fmt_ms(p.fault_ns_in_pauses),
+        fmt_ms(p.pause_ns),
+        fmt_pct(share.min(1.0)),
+        fmt_ms(p.most_faulted_pause_ns),
+        fmt_pct(p.most_faulted_pause_fault_ns as f64 / p.most_faulted_pause_ns.max(1) as f64)
     );
     if let (Some(s), Some(f)) = (p.swap_in_faults_in_pauses, p.file_faults_in_pauses) {
         evidence += &format!(" ({s} swap-ins, {f} file-backed)");
@@ -345,8 +350,8 @@ fn throttling(t: &ThrottlingEvidence) -> Option<Advice> {
             "{} of {} CFS periods throttled ({}), {} throttled in all",
             t.throttled_periods,
             t.periods,
-            pct(share),
-            ms(t.throttled_ns)
+            fmt_pct(share),
+            fmt_ms(t.throttled_ns)
         );
         (share, THROTTLED_PERIODS_SHARE_MIN, text)
     } else {
@@ -355,9 +360,9 @@ fn throttling(t: &ThrottlingEvidence) -> Option<Advice> {
         let text = format!(
             "{} CFS periods throttled, {} throttled in {} traced ({})",
             t.throttled_periods,
-            ms(t.throttled_ns),
-            ms(traced),
-            pct(share)
+            fmt_ms(t.throttled_ns),
+            fmt_ms(traced),
+            fmt_pct(share)
         );
         let share = if traced == 0 { 0.0 } else { share };
         (share, THROTTLED_TIME_SHARE_MIN, text)
@@ -366,7 +371,7 @@ fn throttling(t: &ThrottlingEvidence) -> Option<Advice> {
         return None;
     }
     if let (Some(n), Some(ns)) = (t.pauses_throttled, t.throttled_ns_in_pauses) {
-        evidence += &format!("; {n} pauses throttled, {} inside them", ms(ns));
+        evidence += &format!("; {n} pauses throttled, {} inside them", fmt_ms(ns));
     }
     let mut action = "raise the CPU quota (cpu.max, or cpu.cfs_quota_us on v1)".to_owned();
     match (t.quota_cpus, t.gomaxprocs) {
@@ -398,10 +403,13 @@ fn stack_growth(s: &StackGrowthEvidence) -> Option<Advice> {
     }
     let mut evidence = Vec::new();
     if let (Some(g), Some(c)) = (s.growths_per_sec, s.copied_bytes_per_sec) {
-        evidence.push(format!("{g:.0} growths/s copying {}/s", bytes(c as u64)));
+        evidence.push(format!(
+            "{g:.0} growths/s copying {}/s",
+            fmt_bytes(c as u64)
+        ));
     }
     if let Some(c) = s.cpu_share {
-        evidence.push(format!("{} of CPU time copying stacks", pct(c)));
+        evidence.push(format!("{} of CPU time copying stacks", fmt_pct(c)));
     }
     if let Some(t) = &s.top_site {
         evidence.push(format!(
@@ -410,21 +418,21 @@ fn stack_growth(s: &StackGrowthEvidence) -> Option<Advice> {
             t.location
                 .as_deref()
                 .map_or(String::new(), |l| format!(" at {l}")),
-            pct(t.share),
+            fmt_pct(t.share),
             t.grown_to_bytes
-                .map_or(String::new(), |b| format!(", to {}", bytes(b)))
+                .map_or(String::new(), |b| format!(", to {}", fmt_bytes(b)))
         ));
     }
     evidence.push(format!(
         "goroutines start at {}",
-        bytes(s.current_starting_stack_bytes)
+        fmt_bytes(s.current_starting_stack_bytes)
     ));
     let mut actions = Vec::new();
     if let Some(r) = s.recommended_starting_stack_bytes {
         actions.push(format!(
             "start goroutines bigger: a {} start would avoid {} of growths (Go has no per-goroutine setting; GODEBUG=adaptivestackstart=1 starts new goroutines at the average stack size the last GC saw)",
-            bytes(r),
-            pct(s.avoided_fraction)
+            fmt_bytes(r),
+            fmt_pct(s.avoided_fraction)
         ));
     }
     let site = s.top_site.as_ref().map(|t| t.function.as_str());

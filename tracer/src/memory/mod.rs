@@ -81,9 +81,9 @@ pub enum MemoryError {
         "process {pid} ({exe}) is not a Go program: {} resident and {} swapped can only be split into \
          file-backed memory ({} resident) and anonymous memory ({} resident, {} swapped); \
          Go heap arenas and GC metadata exist only in Go programs",
-        render::bytes(.summary.resident), render::bytes(.summary.swapped),
-        render::bytes(.summary.file_resident), render::bytes(.summary.anon_resident),
-        render::bytes(.summary.anon_swapped)
+        crate::units::fmt_bytes(.summary.resident), crate::units::fmt_bytes(.summary.swapped),
+        crate::units::fmt_bytes(.summary.file_resident), crate::units::fmt_bytes(.summary.anon_resident),
+        crate::units::fmt_bytes(.summary.anon_swapped)
     )]
     NotGo {
         pid: u32,

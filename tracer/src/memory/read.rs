@@ -129,7 +129,7 @@ pub(super) fn read(
             if unread > 0 {
                 format!(
                     " ({} of anonymous mappings start on a page in swap, not read: C chunks among them count as GC metadata)",
-                    super::render::bytes(unread)
+                    crate::units::fmt_bytes(unread)
                 )
             } else {
                 String::new()

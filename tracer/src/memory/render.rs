@@ -6,45 +6,11 @@ use super::{
     Advice, Exposure, HostSwapDelta, MemoryReport,
     cgroup::{CgroupVersion, Limit},
 };
-
-/// `1536` -> "1.5 KiB".
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
-/// ns -> "12.3 ms".
-pub fn ms(ns: u64) -> String {
-    format!("{:.1} ms", ns as f64 / 1e6)
-}
-
-/// ns -> "60 us" under a millisecond, else "12.3 ms".
-pub fn short_duration(ns: u64) -> String {
-    if ns < 1_000_000 {
-        format!("{} us", ns / 1000)
-    } else {
-        ms(ns)
-    }
-}
-
-/// 0.123 -> "12.3%".
-pub fn pct(share: f64) -> String {
-    format!("{:.1}%", share * 100.0)
-}
+use crate::units::{fmt_bytes, fmt_pct};
 
 fn limit(l: Option<Limit>) -> String {
     match l {
-        Some(Limit::Bytes(b)) => bytes(b),
+        Some(Limit::Bytes(b)) => fmt_bytes(b),
         Some(Limit::Max) => "max".into(),
         None => "unknown".into(),
     }
@@ -59,8 +25,8 @@ pub fn render_exposure(e: &Exposure, host_swap: Option<&HostSwapDelta>) -> Strin
         e.pid,
         e.exe,
         e.go_version,
-        bytes(e.total.resident_bytes),
-        bytes(e.total.swapped_bytes)
+        fmt_bytes(e.total.resident_bytes),
+        fmt_bytes(e.total.swapped_bytes)
     );
     let _ = writeln!(
         o,
@@ -73,10 +39,10 @@ pub fn render_exposure(e: &Exposure, host_swap: Option<&HostSwapDelta>) -> Strin
             o,
             "{:<48} {:>10} {:>10} {:>10} {:>10}  {}",
             c.class.title(),
-            bytes(u.resident_bytes),
-            bytes(u.swapped_bytes),
-            bytes(u.mapped_bytes),
-            bytes(u.reserved_bytes),
+            fmt_bytes(u.resident_bytes),
+            fmt_bytes(u.swapped_bytes),
+            fmt_bytes(u.mapped_bytes),
+            fmt_bytes(u.reserved_bytes),
             c.source.describe()
         );
         for p in c
@@ -89,10 +55,10 @@ pub fn render_exposure(e: &Exposure, host_swap: Option<&HostSwapDelta>) -> Strin
                 o,
                 "  {:<46} {:>10} {:>10} {:>10} {:>10}  {}",
                 p.name,
-                bytes(u.resident_bytes),
-                bytes(u.swapped_bytes),
-                bytes(u.mapped_bytes),
-                bytes(u.reserved_bytes),
+                fmt_bytes(u.resident_bytes),
+                fmt_bytes(u.swapped_bytes),
+                fmt_bytes(u.mapped_bytes),
+                fmt_bytes(u.reserved_bytes),
                 p.source.describe()
             );
         }
@@ -112,7 +78,7 @@ pub fn render_exposure(e: &Exposure, host_swap: Option<&HostSwapDelta>) -> Strin
     let _ = writeln!(
         o,
         "next GC: {} of GC metadata in swap: up to {} major faults when the GC reads it (at least {} with {}-page swap readahead)",
-        bytes(r.swapped_bytes),
+        fmt_bytes(r.swapped_bytes),
         r.faults_at_most,
         r.faults_at_least,
         r.readahead_pages
@@ -127,7 +93,7 @@ pub fn render_exposure(e: &Exposure, host_swap: Option<&HostSwapDelta>) -> Strin
             let _ = write!(
                 o,
                 ": usage {}, limit {} (effective {})",
-                c.usage_bytes.map_or("unknown".into(), bytes),
+                c.usage_bytes.map_or("unknown".into(), fmt_bytes),
                 limit(c.limit),
                 limit(c.effective_limit)
             );
@@ -137,7 +103,7 @@ pub fn render_exposure(e: &Exposure, host_swap: Option<&HostSwapDelta>) -> Strin
             let _ = write!(
                 o,
                 ", swap {} (limit {})",
-                c.swap_current_bytes.map_or("unknown".into(), bytes),
+                c.swap_current_bytes.map_or("unknown".into(), fmt_bytes),
                 limit(c.swap_limit)
             );
             if let Some(s) = c.swappiness {
@@ -158,8 +124,8 @@ pub fn render_exposure(e: &Exposure, host_swap: Option<&HostSwapDelta>) -> Strin
     let _ = write!(
         o,
         "host: swap {} ({} free), vm.swappiness {}, vm.page-cluster {}",
-        bytes(h.swap_total_bytes),
-        bytes(h.swap_free_bytes),
+        fmt_bytes(h.swap_total_bytes),
+        fmt_bytes(h.swap_free_bytes),
         opt(h.swappiness),
         opt(h.page_cluster)
     );
@@ -171,7 +137,7 @@ pub fn render_exposure(e: &Exposure, host_swap: Option<&HostSwapDelta>) -> Strin
             d.pswpin_per_sec,
             d.pswpout_per_sec,
             d.readahead_hit_ratio
-                .map_or("- (none read ahead)".into(), pct)
+                .map_or("- (none read ahead)".into(), fmt_pct)
         );
     }
     let _ = writeln!(o);
@@ -198,20 +164,4 @@ pub fn render_advice(advice: &[Advice]) -> String {
 /// The whole report of `gostw memory`.
 pub fn render_text(report: &MemoryReport) -> String {
     render_exposure(&report.exposure, report.host_swap.as_ref()) + &render_advice(&report.advice)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn units() {
-        assert_eq!(bytes(512), "512 B");
-        assert_eq!(bytes(1536), "1.5 KiB");
-        assert_eq!(bytes(64 << 20), "64.0 MiB");
-        assert_eq!(ms(1_250_000), "1.2 ms");
-        assert_eq!(short_duration(60_460), "60 us");
-        assert_eq!(short_duration(2_500_000), "2.5 ms");
-        assert_eq!(pct(0.125), "12.5%");
-    }
 }

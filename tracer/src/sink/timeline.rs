@@ -22,7 +22,7 @@ use crate::{
         fault::{Fault, FaultKind, frame_label},
         observed::{Membership, Observed},
     },
-    stackgrowth::recommend::human_bytes,
+    units::fmt_stack_size,
 };
 
 /// The timeline sink.
@@ -117,11 +117,11 @@ impl TimelineSink {
         let name = if ev.change == StackChange::Grow as u8 {
             format!(
                 "stack growth {} -> {}",
-                human_bytes(ev.old_size),
-                human_bytes(ev.new_size)
+                fmt_stack_size(ev.old_size),
+                fmt_stack_size(ev.new_size)
             )
         } else {
-            format!("stack copy ({} stack)", human_bytes(ev.old_size))
+            format!("stack copy ({} stack)", fmt_stack_size(ev.old_size))
         };
         let args = json!({
             "function": frame(ev.frames[0]),

@@ -1,6 +1,8 @@
 //! The starting stack size that would have avoided most observed growths,
 //! and when growth is too small to act on. Pure arithmetic.
 
+use crate::units::fmt_stack_size;
+
 /// Go's smallest (and default) goroutine stack.
 pub const GO_MIN_STACK: u64 = 2048;
 
@@ -195,9 +197,9 @@ pub fn recommend_from(
         (Some(m), Some(src)) => format!(
             "; for {} goroutines ({src}) that is {} of stacks{}",
             rec.goroutines.unwrap_or(0),
-            human_bytes(m),
+            fmt_stack_size(m),
             rec.extra_memory_bytes
-                .map(|x| format!(", {} more than now", human_bytes(x)))
+                .map(|x| format!(", {} more than now", fmt_stack_size(x)))
                 .unwrap_or_default()
         ),
         _ => "; the goroutine count is unknown (runtime.allglen was not found or not \
@@ -220,40 +222,24 @@ pub fn recommend_from(
         ),
     };
     let now = if rec.current_starting_stack_known {
-        format!(" (now {})", human_bytes(current))
+        format!(" (now {})", fmt_stack_size(current))
     } else {
         String::new()
     };
     rec.advice = if negligible {
         format!(
             "growth is negligible: nothing should change (a {} starting stack would avoid {share}{cost})",
-            human_bytes(pick),
+            fmt_stack_size(pick),
         )
     } else {
         format!(
             "a {} starting stack{now} would have avoided {share}{cost}. Go has no \
              setting for it: keep such goroutines alive in a pool (they keep grown stacks), or \
              move the large frame of the top site off the stack",
-            human_bytes(pick),
+            fmt_stack_size(pick),
         )
     };
     rec
-}
-
-/// `2048` -> "2 KB", `33554432` -> "32 MB" (binary units).
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if v.fract() == 0.0 || u == 0 {
-        format!("{v:.0} {}", UNITS[u])
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
 }
 
 #[cfg(test)]
@@ -355,13 +341,5 @@ mod tests {
             "{}",
             r.advice
         );
-    }
-
-    #[test]
-    fn human_units() {
-        assert_eq!(human_bytes(2048), "2 KB");
-        assert_eq!(human_bytes(1536), "1.5 KB");
-        assert_eq!(human_bytes(100), "100 B");
-        assert_eq!(human_bytes(32 << 20), "32 MB");
     }
 }

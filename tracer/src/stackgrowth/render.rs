@@ -8,8 +8,8 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use super::{
     Mode,
     aggregate::{StackGrowthSummary, UNKNOWN_SIZE},
-    recommend::human_bytes,
 };
+use crate::units::fmt_stack_size;
 
 impl StackGrowthSummary {
     /// The report for people.
@@ -33,9 +33,9 @@ impl StackGrowthSummary {
                     "  {} growths ({:.0}/s), {} copied ({}/s), {} new stacks; {} shrinks, {} same-size moves",
                     self.growths,
                     self.growths_per_sec.unwrap_or(0.0),
-                    human_bytes(self.copied_bytes),
-                    human_bytes(self.copied_bytes_per_sec.unwrap_or(0.0) as u64),
-                    human_bytes(self.new_stack_bytes),
+                    fmt_stack_size(self.copied_bytes),
+                    fmt_stack_size(self.copied_bytes_per_sec.unwrap_or(0.0) as u64),
+                    fmt_stack_size(self.new_stack_bytes),
                     self.shrinks,
                     self.moves
                 );
@@ -83,7 +83,7 @@ impl StackGrowthSummary {
                 .old_sizes
                 .iter()
                 .filter(|(sz, _)| **sz != UNKNOWN_SIZE)
-                .map(|(sz, n)| format!("{}: {n}", human_bytes(*sz)))
+                .map(|(sz, n)| format!("{}: {n}", fmt_stack_size(*sz)))
                 .collect();
             let mut line = format!("  size before growth: {}", known.join(", "));
             if self.old_size_unknown > 0 {
@@ -118,7 +118,7 @@ fn sizes(old: &BTreeMap<u64, u64>, new: &BTreeMap<u64, u64>, estimated: &str) ->
     let list = |m: &BTreeMap<u64, u64>, prefix: &str| {
         m.iter()
             .filter(|(sz, _)| **sz != UNKNOWN_SIZE)
-            .map(|(sz, n)| format!("{prefix}{}x{n}", human_bytes(*sz)))
+            .map(|(sz, n)| format!("{prefix}{}x{n}", fmt_stack_size(*sz)))
             .collect::<Vec<_>>()
             .join(" ")
     };

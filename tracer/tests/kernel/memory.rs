@@ -34,9 +34,10 @@ use serde_json::Value;
 use tracer::{
     memory::{
         AdviceKind, Evidence, Executable, Exposure, HostSwap, MemoryClass, PauseEvidence,
-        ReadOptions, advice, mheap::ARENA_L2_ENTRIES, render, render_advice,
+        ReadOptions, advice, mheap::ARENA_L2_ENTRIES, render_advice,
     },
     procfs::page_size,
+    units,
 };
 
 use crate::{
@@ -543,7 +544,7 @@ fn pageout_exposure_matches_smaps_and_runtime_metrics() {
                 .find(|a| a["kind"] == "gc_metadata_swapped")
                 .unwrap_or_else(|| panic!("no GC metadata advice: {advice:?}"));
             let evidence = item["evidence"].as_str().unwrap();
-            let cited = format!("{} of GC metadata in swap", render::bytes(meta_swapped));
+            let cited = format!("{} of GC metadata in swap", units::fmt_bytes(meta_swapped));
             assert!(evidence.contains(&cited), "{evidence}");
             assert!(
                 evidence.contains(&format!(
@@ -722,7 +723,7 @@ fn a_traced_pageout_gives_metadata_and_pause_advice() {
     let meta_swapped = exposure.class(MemoryClass::GcMetadata).usage.swapped_bytes;
     assert!(items[0].evidence.contains(&format!(
         "{} of GC metadata in swap",
-        render::bytes(meta_swapped)
+        units::fmt_bytes(meta_swapped)
     )));
     assert!(
         items[0].evidence.contains("per fault measured in pauses"),

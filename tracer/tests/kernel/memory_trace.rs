@@ -14,7 +14,7 @@ use std::{
 };
 
 use serde_json::Value;
-use tracer::memory::{HostSwap, render};
+use tracer::{memory::HostSwap, units};
 
 use crate::{
     faults::start_gostw,
@@ -146,10 +146,10 @@ fn attach_summary_of_a_pageout_carries_swap_advice_citing_its_numbers() {
     let evidence = text(swap, "evidence");
     let per_fault = pauses.fault_ns_in_pauses / pauses.faults_in_pauses;
     for cited in [
-        format!("{} of GC metadata in swap", render::bytes(meta_swapped)),
+        format!("{} of GC metadata in swap", units::fmt_bytes(meta_swapped)),
         format!(
             "at the {} per fault measured in pauses",
-            render::short_duration(per_fault)
+            units::fmt_short_duration(per_fault)
         ),
         "pages/s swapped in".to_owned(),
         "cgroup v1 /gostw-memory-attach".to_owned(),
@@ -167,8 +167,8 @@ fn attach_summary_of_a_pageout_carries_swap_advice_citing_its_numbers() {
         pauses.pauses_with_faults,
         pauses.pauses,
         pauses.faults_in_pauses,
-        render::ms(pauses.fault_ns_in_pauses),
-        render::ms(pauses.pause_ns)
+        units::fmt_ms(pauses.fault_ns_in_pauses),
+        units::fmt_ms(pauses.pause_ns)
     );
     assert!(
         text(faults, "evidence").contains(&cited),

@@ -12,12 +12,13 @@ use crate::{
     memory::{
         Advice, Evidence, Exposure, HostSwapDelta, MemoryClass, PauseEvidence, StackGrowthEvidence,
         StackSite, ThrottlingEvidence, advice,
-        render::{bytes, render_advice, render_exposure},
+        render::{render_advice, render_exposure},
         watch::{ExposureReading, ReadAt},
     },
     model::observed::ObservedPause,
     model::throttling::CpuThrottling,
     stackgrowth::StackGrowthSummary,
+    units::fmt_bytes,
 };
 
 /// A few figures of an exposure (the one the trace started with).
@@ -229,10 +230,10 @@ pub fn render_text(section: &ExposureSection, advice: &[Advice]) -> String {
         let _ = writeln!(
             t,
             "at the start: {} resident, {} swapped ({} GC metadata, {} heap arenas)",
-            bytes(s.resident_bytes),
-            bytes(s.swapped_bytes),
-            bytes(s.gc_metadata_swapped_bytes),
-            bytes(s.heap_arenas_swapped_bytes)
+            fmt_bytes(s.resident_bytes),
+            fmt_bytes(s.swapped_bytes),
+            fmt_bytes(s.gc_metadata_swapped_bytes),
+            fmt_bytes(s.heap_arenas_swapped_bytes)
         );
     }
     if advice.is_empty() {

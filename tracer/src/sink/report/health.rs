@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::bpf_stats::CostReading;
+use crate::{bpf_stats::CostReading, units::fmt_bytes};
 
 /// One BPF program's share.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -73,9 +73,7 @@ impl Health {
             Some(ns) => format!("{:.2} s CPU", ns as f64 / 1e9),
             None => "CPU unknown".into(),
         };
-        let rss = self.peak_rss_bytes.map_or("unknown".into(), |b| {
-            format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
-        });
+        let rss = self.peak_rss_bytes.map_or("unknown".into(), fmt_bytes);
         let _ = writeln!(
             t,
             "  gostw: {cpu}, peak RSS {rss}, events lost {}",
