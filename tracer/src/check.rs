@@ -27,13 +27,6 @@ use crate::kernel::{
     object::Object,
 };
 
-#[derive(clap::Args, Debug)]
-pub struct CheckArgs {
-    /// One JSON object instead of text.
-    #[arg(long)]
-    pub json: bool,
-}
-
 /// How a feature fares here.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "status", content = "why", rename_all = "lowercase")]
@@ -67,16 +60,6 @@ pub struct CheckReport {
     pub optional_tracepoints: Vec<(&'static str, bool)>,
     pub features: Vec<Feature>,
     pub exit_code: i32,
-}
-
-pub fn run(args: &CheckArgs) -> anyhow::Result<i32> {
-    let r = check();
-    if args.json {
-        println!("{}", serde_json::to_string(&r)?);
-    } else {
-        print!("{}", human(&r));
-    }
-    Ok(r.exit_code)
 }
 
 fn supported(t: ProgramType) -> (bool, String) {

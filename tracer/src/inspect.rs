@@ -15,20 +15,6 @@ use crate::{
     kernel::capabilities::{self, BackendChoice, FaultBackend},
 };
 
-/// Arguments of `gostw inspect`.
-#[derive(Debug, clap::Args)]
-pub struct InspectArgs {
-    /// The Go executable to analyse.
-    #[arg(required_unless_present = "pid", conflicts_with = "pid")]
-    pub binary: Option<PathBuf>,
-    /// Analyse the executable of this running process (containers too).
-    #[arg(long)]
-    pub pid: Option<u32>,
-    /// Print one JSON object (schema: docs/reference/json.md).
-    #[arg(long)]
-    pub json: bool,
-}
-
 /// Everything `gostw inspect` reports.
 #[derive(Debug, serde::Serialize)]
 pub struct InspectReport {
@@ -97,21 +83,6 @@ impl From<GoFunction> for FunctionReport {
             source: f.source,
         }
     }
-}
-
-/// Run `gostw inspect`.
-pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
-    let report = match (args.pid, &args.binary) {
-        (Some(pid), _) => inspect_pid(pid)?,
-        (None, Some(path)) => inspect(&GoBinary::open(path)?, None)?,
-        (None, None) => anyhow::bail!("give a binary or --pid"),
-    };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", human(&report));
-    }
-    Ok(())
 }
 
 /// The report for the executable of process `pid`.

@@ -63,13 +63,13 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Attach(args) => cli::attach::run(args).await,
             Command::Run(args) => cli::run::run(args).await,
-            Command::Inspect(args) => tracer::inspect::run(&args).map(|()| 0),
+            Command::Inspect(args) => cli::inspect::run(&args).map(|()| 0),
             Command::Stacks(args) => cli::stacks::run(args).await,
             Command::Agent(args) => cli::agent::run(args).await.map(|()| 0),
             Command::Faults(args) => cli::faults::run(args).await,
             Command::Pauses(args) => cli::pauses::run(args),
             Command::Memory(args) => cli::memory::run(args),
-            Command::Check(args) => tracer::check::run(&args),
+            Command::Check(args) => cli::check::run(&args),
         }
     });
     // Whatever way gostw ends, what it mounted goes.

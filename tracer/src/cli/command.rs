@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
-use super::{agent, attach, faults, memory, pauses, run, stacks};
+use super::{agent, attach, check, faults, inspect, memory, pauses, run, stacks};
 
 #[derive(Parser)]
 #[command(
@@ -24,7 +24,7 @@ pub enum Command {
     /// the program's exit code.
     Run(run::Args),
     /// Show what gostw finds in a Go binary or a running process's executable.
-    Inspect(crate::inspect::InspectArgs),
+    Inspect(inspect::Args),
     /// Goroutine stack growth: call sites, sizes, cost, and the starting
     /// stack that would avoid it (`--pid PID` or `-- CMD ARGS`).
     Stacks(stacks::StacksArgs),
@@ -39,7 +39,7 @@ pub enum Command {
     /// What gostw can do on this host: kernel, probe families, fault
     /// backend, and each feature (works / degraded / unavailable, and why).
     /// Exit status: 0 all works, 1 something degraded, 2 no pauses.
-    Check(crate::check::CheckArgs),
+    Check(check::Args),
     /// Memory and swap exposure of a Go process now, by what Go uses it
     /// for, with its cgroup, the host's swap traffic, and advice.
     Memory(memory::Args),

@@ -3,8 +3,10 @@
 
 pub mod agent;
 pub mod attach;
+pub mod check;
 pub mod command;
 pub mod faults;
+pub mod inspect;
 pub mod memory;
 pub mod outputs;
 pub mod pauses;
