@@ -63,6 +63,18 @@ fn spin(go: &GoToolchain, spin_in: &str) -> Vec<Value> {
     json_records(&stdout, "pause")
 }
 
+/// `gostw attach --json` on `pid`, pauses only (no faults, no stack
+/// growth), to its end: its standard output.
+fn attach_pauses_only(pid: u32, more: &[&str]) -> String {
+    gostw_stdout(
+        Command::new(GOSTW)
+            .args(["attach", "--pid", &pid.to_string(), "--json"])
+            .args(["--no-faults", "--stacks", "off"])
+            .args(more),
+        "gostw attach",
+    )
+}
+
 /// Whether a pause's top laggard's frames hold one of `functions`.
 fn laggard_in(p: &Value, functions_: &[&str]) -> bool {
     p["laggards"].get(0).is_some_and(|l| {
@@ -286,23 +298,9 @@ fn attach_names_the_leaf_loop_that_held_the_world() {
         .spawn()
         .expect("starting the workload");
     std::thread::sleep(Duration::from_millis(300));
-    let pid = workload.id().to_string();
-    let stdout = gostw_stdout(
-        Command::new(GOSTW).args([
-            "attach",
-            "--pid",
-            &pid,
-            "--json",
-            "--no-faults",
-            "--stacks",
-            "off",
-            // Counted from when tracing began (attaching takes seconds on
-            // a busy host).
-            "--duration",
-            "3s",
-        ]),
-        "gostw attach",
-    );
+    // Counted from when tracing began (attaching takes seconds on a busy
+    // host).
+    let stdout = attach_pauses_only(workload.id(), &["--duration", "3s"]);
     let _ = workload.kill();
     let _ = workload.wait();
     let pauses = json_records(&stdout, "pause");
@@ -430,19 +428,7 @@ fn pauses_of_a_throttled_cgroup_are_time_waiting_to_run() {
         .spawn()
         .expect("starting the workload");
     std::thread::sleep(Duration::from_millis(300));
-    let pid = workload.id().to_string();
-    let stdout = gostw_stdout(
-        Command::new(GOSTW).args([
-            "attach",
-            "--pid",
-            &pid,
-            "--json",
-            "--no-faults",
-            "--stacks",
-            "off",
-        ]),
-        "gostw attach",
-    );
+    let stdout = attach_pauses_only(workload.id(), &[]);
     assert!(workload.wait().unwrap().success());
     let throttled = cg.throttled();
     let pauses = json_records(&stdout, "pause");
