@@ -13,7 +13,8 @@
 //!   the pause (`Membership::LateInPause`) but not in its record.
 //!
 //! Memory is bounded: per process the held pauses, the last released window
-//! and the pending faults, all dropped when the process is gone; the pending
+//! and the pending faults, all dropped when the process is gone (its last
+//! window also once no fault that began in it can still come); the pending
 //! queue holds at most `MAX_PENDING` faults for all processes together (more
 //! are decided as outside at once and counted in `pending_overflow`).
 //! Pure code: the caller gives the time, so it runs in unit tests.
@@ -202,8 +203,16 @@ impl Correlator {
                 release(st, out);
             }
         }
-        self.processes
-            .retain(|_, st| !st.held.is_empty() || !st.pending.is_empty());
+        // A process with nothing held or pending keeps its last window while
+        // a fault that began inside it could still arrive (late, not yet
+        // past the horizon).
+        self.processes.retain(|_, st| {
+            !st.held.is_empty()
+                || !st.pending.is_empty()
+                || st
+                    .last_released
+                    .is_some_and(|w| w.end_ns.saturating_add(HORIZON_NS) >= now_ns)
+        });
     }
 
     /// `pid` is gone and its events are all in: release its pauses and
@@ -346,6 +355,21 @@ mod tests {
         assert_eq!(pauses(&out), [(1, 1), (1, 0)]);
         assert_eq!((c.pending(), c.processes()), (0, 0));
         assert_eq!(faults(&out, Membership::Outside), 2);
+    }
+
+    #[test]
+    fn a_late_fault_is_in_its_pause_when_nothing_else_is_pending() {
+        let mut c = Correlator::new(true);
+        let mut out = Vec::new();
+        c.pause(pause(1, 1000 * MS, 10 * MS), &mut out);
+        c.settle(1010 * MS + GRACE_NS + 1, &mut out);
+        assert_eq!(pauses(&out), [(1, 0)]);
+        // Nothing held or pending: the released window is still known.
+        c.fault(fault(1, 1005 * MS, 1200 * MS), &mut out);
+        assert_eq!(faults(&out, Membership::LateInPause), 1);
+        // Forgotten once a fault that began inside it would have expired.
+        c.settle(1010 * MS + HORIZON_NS + 1, &mut out);
+        assert_eq!(c.processes(), 0);
     }
 
     #[test]
