@@ -70,8 +70,9 @@ pub struct StackGrowthOptions {
 }
 
 /// CPU samples per second per CPU of the stack growth sampler: the
-/// affordable default of `gostw stacks` and the agent (measured at under 3% throughput on
-/// a growth-heavy workload), and off the 100 Hz of timer ticks.
+/// affordable default of `gostw stacks` and the agent (measured at under 3%
+/// throughput on a growth-heavy workload), and off the 100 Hz of timer
+/// ticks.
 pub const SAMPLE_HZ: u64 = 99;
 
 impl Default for StackGrowthOptions {

@@ -52,7 +52,7 @@ pub use self::{
 };
 use std::io;
 
-use crate::binary::BinaryError;
+use crate::{binary::BinaryError, units::fmt_bytes};
 
 /// Why a process's memory could not be read; each says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -81,9 +81,9 @@ pub enum MemoryError {
         "process {pid} ({exe}) is not a Go program: {} resident and {} swapped can only be split into \
          file-backed memory ({} resident) and anonymous memory ({} resident, {} swapped); \
          Go heap arenas and GC metadata exist only in Go programs",
-        crate::units::fmt_bytes(.summary.resident), crate::units::fmt_bytes(.summary.swapped),
-        crate::units::fmt_bytes(.summary.file_resident), crate::units::fmt_bytes(.summary.anon_resident),
-        crate::units::fmt_bytes(.summary.anon_swapped)
+        fmt_bytes(.summary.resident), fmt_bytes(.summary.swapped),
+        fmt_bytes(.summary.file_resident), fmt_bytes(.summary.anon_resident),
+        fmt_bytes(.summary.anon_swapped)
     )]
     NotGo {
         pid: u32,

@@ -344,8 +344,9 @@ fn check_against_runtime_metrics(r: &Run) {
     // bitmaps of GC programs) out of arena pages, but runtime/metrics counts
     // them in metadata/other: gostw, reading the arenas, sees them as heap.
     // Usually none is live at the snapshot (sweeping frees them); seen: 160
-    // KiB, five 32 KiB work-buffer chunks, on Go 1.19 with cgo in 2 of 5
-    // fresh-clone runs, 252 KiB once with a CPU-bound program beside it.
+    // KiB (five 32 KiB work-buffer chunks) on Go 1.19 with cgo in 2 of 5
+    // fresh-clone runs, 252 KiB on Go 1.27.3 with cgo, stripped, beside a
+    // CPU-bound program.
     // The metadata comparison below stays against total - heap/*: there
     // gostw's GC metadata matched it with or without such buffers.
     let mapped = n(heap, "mapped_bytes");
