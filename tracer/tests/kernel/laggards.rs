@@ -135,7 +135,7 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
         // laggard the sampler found running was kept when its switch-out
         // came only after the restart began (user space dropped it). Still
         // counted and bounded, not failed: none seen since.
-        let (mut contended, mut held, mut unseen, mut preempted) = (0, 0, 0, 0);
+        let (mut contended, mut held, mut unseen, mut preempted, mut unlisted) = (0, 0, 0, 0, 0);
         for p in &waited {
             let l = &p["laggards"][0];
             if l.is_null() {
@@ -167,7 +167,14 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
                 "Go {v}: the spinner neither ran nor waited to run: {p}"
             );
             assert!(ns(&l["on_cpu_ns"]) > 0, "Go {v}: never on a CPU: {p}");
-            assert_eq!(l["running_goroutine"], true, "Go {v}: {p}");
+            // The M list is read when the stop begins: an M taking its P
+            // back just then (after the last restart) is not on it yet, and
+            // only the sampler finds the spinner (seen once: a 18.8 ms pause,
+            // 19 samples, Go 1.24). Counted, and bounded below.
+            if l["running_goroutine"] != true {
+                eprintln!("Go {v}: the spinner was not on the M list: {p}");
+                unlisted += 1;
+            }
             // The code that held the world is the leaf loop, sampled while
             // the world waited (or, on a busy host where it waited for a CPU
             // the whole time, where the kernel preempted it); where it
@@ -211,8 +218,8 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
         eprintln!(
             "Go {v}: {} pauses, {} of 1 ms or more, {} waited to stop ({contended} for an M \
              that waited for a CPU, {unseen} with no laggard, {held} with main.spinLoop \
-             innermost, {preempted} of them seen preempted, not sampled), {explained} explained \
-             to 10%",
+             innermost, {preempted} of them seen preempted, not sampled, {unlisted} not on the M \
+             list), {explained} explained to 10%",
             pauses.len(),
             slow.len(),
             waited.len()
@@ -227,6 +234,12 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
             "Go {v}: the spinner named in only {} of {} pauses that waited to stop",
             waited.len() - contended - unseen,
             waited.len()
+        );
+        assert!(
+            unlisted * 10 <= waited.len() - contended - unseen,
+            "Go {v}: the spinner was on the M list in only {} of the {} pauses it held",
+            waited.len() - contended - unseen - unlisted,
+            waited.len() - contended - unseen
         );
         assert!(
             held * 10 >= (waited.len() - contended - unseen) * 9,
