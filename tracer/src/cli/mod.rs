@@ -10,12 +10,14 @@ pub mod inspect;
 pub mod memory;
 pub mod outputs;
 pub mod pauses;
+pub mod policy;
 pub mod run;
 pub mod stacks;
 
 use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, bail};
+use policy::{AfterGrace, OnSignal, OutputState};
 use tracer::{
     engine::{Engine, Stop, Until},
     kernel::{CoreOptions, capabilities::FaultSource, stacks::StackGrowthOptions},
@@ -184,83 +186,74 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
         engine.watch_exposure(every, true);
     }
     let mut sinks = (t.sink, t.files);
-    // Standard output can no longer be written: its reader went away.
-    let mut closed = false;
-    // Writing the trace failed otherwise (a full disk): said at the end.
-    let mut write_error = None;
+    let mut output = OutputState::default();
     loop {
         let stop = engine.run(&mut t.target, &mut sinks, &mut deadline).await;
-        match sinks.0.take_write_error() {
-            Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => closed = true,
-            Some(e) => write_error = Some(e),
-            None => {}
+        if let Some(e) = sinks.0.take_write_error() {
+            output.write_failed(e);
         }
-        match stop? {
+        let sig = match stop? {
             Stop::OutputClosed => {
-                closed |= write_error.is_none();
+                output.reader_gone();
                 break;
             }
             Stop::Exited | Stop::Duration => break,
-            Stop::Signal(sig) => {
-                let Some(pid) = t.target.child_mut().map(|c| c.id()) else {
-                    break;
-                };
-                // Ctrl-C reaches the program through the terminal too; give it
-                // a moment to act on that before passing the signal on.
-                if sig == libc::SIGINT
-                    && tokio::time::timeout(Duration::from_secs(2), t.target.exited())
-                        .await
-                        .is_ok()
+            Stop::Signal(sig) => sig,
+        };
+        let started = t.target.child_mut().map(|c| c.id());
+        let forward = match policy::on_signal(sig, started.is_some(), t.wait_for_child) {
+            OnSignal::End => false,
+            OnSignal::Forward => true,
+            OnSignal::Grace { then } => {
+                if tokio::time::timeout(policy::SIGINT_GRACE, t.target.exited())
+                    .await
+                    .is_ok()
                 {
                     continue;
                 }
-                if !t.wait_for_child {
-                    break;
-                }
-                // SAFETY: signalling our own child.
-                unsafe { libc::kill(pid as libc::pid_t, sig) };
+                then == AfterGrace::Forward
             }
+        };
+        match (forward, started) {
+            // SAFETY: signalling our own child.
+            (true, Some(pid)) => unsafe {
+                libc::kill(pid as libc::pid_t, sig);
+            },
+            _ => break,
         }
     }
     let pid = t.target.single();
-    if closed {
+    if output.closed {
         tracer::say!("gostw: standard output was closed; tracing stopped");
         // The summary goes where it can still be read.
         sinks.0.to_stderr();
     }
     engine.finish(&mut sinks);
     let exited = t.target.finished();
-    match (pid, exited, t.target.child_mut().is_some()) {
-        (Some(pid), false, _) => {
-            tracer::say!("gostw: tracing stopped; pid {pid} keeps running untraced")
-        }
-        (Some(pid), true, false) => tracer::say!("gostw: pid {pid} exited"),
-        _ => {}
+    if let Some(word) = policy::last_word(pid, exited, t.target.child_mut().is_some()) {
+        tracer::say!("{word}");
     }
     let (mut report, mut files) = sinks;
     let elapsed = engine.elapsed().as_nanos() as u64;
     let mut summary = report.finish(elapsed);
-    if !closed
-        && let Err(e) = &summary
-        && e.kind() == std::io::ErrorKind::BrokenPipe
-    {
+    if output.summary_reader_gone(&summary) {
         // The reader went away at the very end: as above.
-        closed = true;
+        output.closed = true;
         tracer::say!("gostw: standard output was closed; tracing stopped");
         report.to_stderr();
         summary = report.finish(elapsed);
     }
-    if write_error.is_some() || (summary.is_err() && !closed) {
+    if !output.output_file_complete(&summary) {
         // An --output file that is not complete never appears.
         files.output = None;
     }
     let written = files.finish();
-    if let Some(e) = write_error {
+    if let Some(e) = output.write_error {
         return Err(e).context("writing the trace");
     }
     // With standard output closed the summary went to standard error,
     // which may be gone too: then it is said nowhere.
-    if !closed {
+    if !output.closed {
         summary.context("writing the summary")?;
     }
     written?;
