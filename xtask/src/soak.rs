@@ -10,8 +10,7 @@ mod leftovers;
 
 use std::{
     fs,
-    io::{BufReader, Read as _, Write as _},
-    net::{TcpListener, TcpStream},
+    io::BufReader,
     path::{Path, PathBuf},
     process::{ChildStdin, ChildStdout, Command, Stdio},
     time::{Duration, Instant},
@@ -54,7 +53,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     }
     let default_go = go::toolchain(go::DEFAULT).context("the default Go is in the matrix")?;
     let gcswap = crate::demo::build_workload(default_go, go::DEFAULT, "gcswap")?;
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = gostw_scenario::loopback::free_port()?;
     let mut agent = Agent::start(&gostw, port)?;
     step("discovery latency: Go process started -> traced (10 runs)");
     let mut latencies = Vec::new();
@@ -465,12 +464,7 @@ fn clock_ticks() -> u64 {
 }
 
 fn metrics(port: u16) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(body.split_once("\r\n\r\n")?.1.to_owned())
+    gostw_scenario::loopback::http_get(port, "/metrics").map(|(_, body)| body)
 }
 
 fn metric_value(text: &str, name: &str) -> Option<f64> {

@@ -3,14 +3,17 @@
 //! way to make a Go process's pauses take major faults: a swap file, a
 //! memory cgroup, pushing the process's anonymous memory to swap between GCs
 //! and dropping the swap cache that leaves behind, and the `gcswap`
-//! workload's stdin/stdout protocol (scripts/workloads/gcswap). Also the
-//! check every test of /metrics makes (`promtool_check`).
+//! workload's stdin/stdout protocol (scripts/workloads/gcswap). Also what
+//! every test and bench of the agent's HTTP uses: a free port, one GET, the
+//! samples of /metrics (`loopback`), and the check every test of /metrics
+//! makes (`promtool_check`).
 //!
 //! Everything that changes the machine is undone on drop, also when the
 //! caller fails. Errors are `std::io::Error`s whose text names what failed.
 
 mod cgroup;
 mod gcswap;
+pub mod loopback;
 mod pageout;
 mod promtool;
 mod swap;

@@ -20,7 +20,7 @@ use tracer::{
 pub use crate::loopback::{free_port, http_get, wait_until};
 use crate::{
     faults::{ARGS, ENV, ROUNDS, auto_backend, majflt_agrees},
-    scenario::{GcSwap, MemCgroup, SwapFile, majflt, swap_out},
+    scenario::{GcSwap, MemCgroup, SwapFile, majflt},
     support::{GoToolchain, build_workload, go_matrix, newest_go, require_root},
 };
 
@@ -455,11 +455,8 @@ fn agent_exports_major_faults_in_pauses() {
 
     // Idle until the first GC: faults from now on are the agent's to see.
     let majflt_traced = majflt(pid);
-    for _ in 0..ROUNDS {
-        let bytes = swap_out(pid, &cgroup);
-        assert!(bytes > 32 << 20, "paged out only {bytes} bytes");
-        workload.gc();
-    }
+    let bytes = workload.paged_gcs(&cgroup, ROUNDS);
+    assert!(bytes > 32 << 20, "paged out only {bytes} bytes");
     // Idle again: every fault is in majflt now, and the agent exports the
     // last ones once their pause membership is settled (a few seconds).
     let majflt_done = majflt(pid) - majflt_traced;
@@ -848,7 +845,7 @@ fn agent_and_attach_see_the_same_pauses_and_faults() {
     };
     // Frozen: nothing happens in it until both watch.
     signal(libc::SIGSTOP);
-    let (attach, _stderr) = crate::faults::start_gostw(
+    let (attach, _stderr) = crate::support::start_gostw(
         &["attach", "--json", "--pid", &pid.to_string()],
         "tracing pid",
     );
@@ -857,11 +854,8 @@ fn agent_and_attach_see_the_same_pauses_and_faults() {
     std::thread::sleep(Duration::from_millis(2500));
     let before = agent_counts(&metrics(), "gcswap");
     signal(libc::SIGCONT);
-    for _ in 0..ROUNDS {
-        let bytes = swap_out(pid, &cgroup);
-        assert!(bytes > 32 << 20, "paged out only {bytes} bytes");
-        workload.gc();
-    }
+    let bytes = workload.paged_gcs(&cgroup, ROUNDS);
+    assert!(bytes > 32 << 20, "paged out only {bytes} bytes");
     signal(libc::SIGSTOP);
     std::thread::sleep(Duration::from_millis(2500));
     let after = agent_counts(&metrics(), "gcswap");

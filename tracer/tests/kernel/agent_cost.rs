@@ -11,7 +11,7 @@ use std::{
 
 use crate::{
     agent::{Procs, free_port, http_get, promtool_check, run_counts, sum_series, wait_until},
-    support::{build_workload, newest_go, require_root},
+    support::{build_workload, gostw_stdout, newest_go, require_root},
 };
 
 /// The release build of gostw (the budget is that of the binary users
@@ -205,18 +205,13 @@ fn agent_with_20_processes_stays_within_its_budget() {
 fn run_summary_reports_its_own_cost() {
     require_root();
     let bin = build_workload("stw", &newest_go(), "", &[]);
-    let out = Command::new(env!("CARGO_BIN_EXE_gostw"))
-        .args(["run", "--json", "--"])
-        .arg(&bin)
-        .args(["-gc", "5", "-alloc-mb", "64"])
-        .output()
-        .expect("running gostw run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = gostw_stdout(
+        Command::new(env!("CARGO_BIN_EXE_gostw"))
+            .args(["run", "--json", "--"])
+            .arg(&bin)
+            .args(["-gc", "5", "-alloc-mb", "64"]),
+        "gostw run",
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
     let summary: serde_json::Value = stdout
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())

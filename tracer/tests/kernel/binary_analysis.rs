@@ -15,7 +15,6 @@
 use std::{
     collections::{BTreeMap, HashMap},
     io::{BufRead as _, BufReader, Write as _},
-    net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{Mutex, OnceLock},
@@ -34,9 +33,12 @@ use tracer::{
     model::pause::StwReason,
 };
 
-use crate::support::{
-    GoToolchain, STW_ARGS, STW_GOMAXPROCS, STW_READ_MEM_STATS, StwReport, build_workload,
-    build_workload_env, go_matrix, gostw_stdout, newest_go, parse_report, require_root,
+use crate::{
+    loopback::{free_port, http_get},
+    support::{
+        GoToolchain, STW_ARGS, STW_GOMAXPROCS, STW_READ_MEM_STATS, StwReport, build_workload,
+        build_workload_env, go_matrix, gostw_stdout, newest_go, parse_report, require_root,
+    },
 };
 
 /// How one variant is built.
@@ -1423,16 +1425,12 @@ fn agent_tracing_a_large_binary_keeps_memory_small() {
     let mb = large_mb();
     let path = large_go_binary(&go, mb, "", &[]);
     let dir = path.parent().unwrap().to_owned();
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut agent = Command::new(GOSTW)
         .args(["agent", "--listen", &format!("127.0.0.1:{port}")])
         .args([
             "--match",
-            &format!("^{}/", regex_escape(&dir.display().to_string())),
+            &format!("^{}/", regex::escape(&dir.display().to_string())),
         ])
         .args(["--poll-interval", "200ms"])
         .stdout(Stdio::null())
@@ -1451,7 +1449,9 @@ fn agent_tracing_a_large_binary_keeps_memory_small() {
     );
     let deadline = Instant::now() + std::time::Duration::from_secs(60);
     let traced = loop {
-        let body = http_get(port, "/metrics").unwrap_or_default();
+        let body = http_get(port, "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default();
         if body
             .lines()
             .any(|l| l.starts_with("gostw_traced_processes{") && l.contains(&exe_label))
@@ -1480,30 +1480,6 @@ fn agent_tracing_a_large_binary_keeps_memory_small() {
         status["RssFile"] >> 10
     );
     assert!(status["VmHWM"] < 64 << 10, "{status:?}");
-}
-
-fn regex_escape(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            let special = "\\.+*?()|[]{}^$".contains(c);
-            special.then_some('\\').into_iter().chain([c])
-        })
-        .collect()
-}
-
-/// GET over loopback; the body, or None when nothing answers yet.
-fn http_get(port: u16, path: &str) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
-        .ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut raw = String::new();
-    std::io::Read::read_to_string(&mut s, &mut raw).ok()?;
-    raw.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
 }
 
 /// Every key `gostw inspect --json` prints, at every depth (function and

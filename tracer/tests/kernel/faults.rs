@@ -22,7 +22,8 @@ use tracer_common::counters::Counter;
 use crate::{
     scenario::{GcSwap, MemCgroup, SwapFile, paged_gcswap, swap_out},
     support::{
-        GoToolchain, build_workload, monotonic_ns, newest_go, oldest_and_newest_go, require_root,
+        GoToolchain, build_workload, finish_gostw, monotonic_ns, newest_go, oldest_and_newest_go,
+        require_root, start_gostw,
     },
 };
 
@@ -613,33 +614,6 @@ fn neighbour_pressure_faults_agree_with_majflt() {
     );
 }
 
-/// Start the real gostw with `args` (stdout piped) and wait until its
-/// standard error says `ready`. The returned reader keeps stderr open, so
-/// gostw's later messages do not hit a closed pipe.
-pub fn start_gostw(
-    args: &[&str],
-    ready: &str,
-) -> (
-    std::process::Child,
-    std::io::BufReader<std::process::ChildStderr>,
-) {
-    use std::io::BufRead as _;
-
-    let mut gostw = std::process::Command::new(env!("CARGO_BIN_EXE_gostw"))
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("starting gostw");
-    let mut err = std::io::BufReader::new(gostw.stderr.take().unwrap());
-    let mut line = String::new();
-    while err.read_line(&mut line).unwrap() > 0 && !line.contains(ready) {
-        line.clear();
-    }
-    assert!(line.contains(ready), "gostw {args:?} did not start");
-    (gostw, err)
-}
-
 /// `gostw faults --json --pid` end to end (the real binary): attached to a
 /// running gcswap that is paged out before each GC, it reports faults in
 /// its pauses, in runtime GC code.
@@ -649,22 +623,14 @@ fn cli_reports_faults_in_pauses() {
     let (_swap, cgroup, mut workload) = paged_gcswap("faults-cli", ARGS, ENV);
     let pid = workload.pid;
     // It names its backend once everything is attached.
-    let (gostw, _stderr) = start_gostw(
+    let (gostw, stderr) = start_gostw(
         &["faults", "--json", "--pid", &pid.to_string()],
         "fault backend",
     );
-    for _ in 0..2 {
-        swap_out(pid, &cgroup);
-        workload.gc();
-    }
+    workload.paged_gcs(&cgroup, 2);
     let _ = workload.quit();
     // gostw stops by itself once the process is gone.
-    let out = gostw.wait_with_output().expect("waiting for gostw");
-    assert!(
-        out.status.success(),
-        "gostw faults failed: {:?}",
-        out.status
-    );
+    let (out, _) = finish_gostw(gostw, stderr);
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("gostw faults --json printed no JSON ({e})"));
     let proc = summary["processes"]
@@ -691,23 +657,15 @@ fn attach_pause_records_carry_their_faults() {
     require_root();
     let (_swap, cgroup, mut workload) = paged_gcswap("faults-attach", ARGS, ENV);
     let pid = workload.pid;
-    let (gostw, _stderr) = start_gostw(
+    let (gostw, stderr) = start_gostw(
         &["attach", "--json", "--pid", &pid.to_string()],
         "tracing pid",
     );
     workload.gc();
     let paged_from = monotonic_ns();
-    for _ in 0..2 {
-        swap_out(pid, &cgroup);
-        workload.gc();
-    }
+    workload.paged_gcs(&cgroup, 2);
     let _ = workload.quit();
-    let out = gostw.wait_with_output().expect("waiting for gostw");
-    assert!(
-        out.status.success(),
-        "gostw attach failed: {:?}",
-        out.status
-    );
+    let (out, _) = finish_gostw(gostw, stderr);
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))

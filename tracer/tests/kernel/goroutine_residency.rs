@@ -4,15 +4,14 @@
 //! few seconds and keeps its swap (`VmSwap`, read before and after), while
 //! the same workload resident gets its goroutines counted.
 
-use std::{fs, io::Read as _, time::Duration};
+use std::{fs, time::Duration};
 
 use serde_json::Value;
 
 use crate::{
-    faults::start_gostw,
     memory::{ARGS, freeze, signal},
     scenario::{paged_gcswap, swap_out},
-    support::require_root,
+    support::{finish_gostw, require_root, start_gostw},
 };
 
 /// `VmSwap` of `pid`, in bytes.
@@ -32,16 +31,13 @@ fn vm_swap(pid: u32) -> u64 {
 /// the summary's stack growth section and gostw's standard error.
 fn trace(pid: u32, secs: u64) -> (Value, String) {
     let pid_arg = pid.to_string();
-    let (gostw, mut stderr) = start_gostw(
+    let (gostw, stderr) = start_gostw(
         &["attach", "--json", "--stacks", "sampled", "--pid", &pid_arg],
         "tracing pid",
     );
     std::thread::sleep(Duration::from_secs(secs));
     signal(gostw.id(), libc::SIGINT);
-    let out = gostw.wait_with_output().expect("waiting for gostw");
-    let mut err = String::new();
-    stderr.read_to_string(&mut err).unwrap();
-    assert!(out.status.success(), "gostw attach failed: {err}");
+    let (out, err) = finish_gostw(gostw, stderr);
     let summary = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))

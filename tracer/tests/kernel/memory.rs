@@ -41,10 +41,10 @@ use tracer::{
 };
 
 use crate::{
-    faults::start_gostw,
     scenario::{GcSwap, MemCgroup, SwapFile, page_out_ranges, paged_gcswap, swap_out},
     support::{
-        GoToolchain, build_workload_env, go_matrix, newest_go, oldest_and_newest_go, require_root,
+        GoToolchain, build_workload_env, finish_gostw, go_matrix, newest_go, oldest_and_newest_go,
+        require_root, start_gostw,
     },
 };
 
@@ -687,7 +687,7 @@ fn a_traced_pageout_gives_metadata_and_pause_advice() {
     require_root();
     let (_swap, cgroup, mut workload) = paged_gcswap("memory-trace", ARGS, &[]);
     let pid = workload.pid;
-    let (gostw, _stderr) = start_gostw(
+    let (gostw, stderr) = start_gostw(
         &["attach", "--json", "--pid", &pid.to_string()],
         "tracing pid",
     );
@@ -700,12 +700,7 @@ fn a_traced_pageout_gives_metadata_and_pause_advice() {
     }
     let end = HostSwap::snapshot().unwrap();
     let _ = workload.quit();
-    let out = gostw.wait_with_output().expect("waiting for gostw");
-    assert!(
-        out.status.success(),
-        "gostw attach failed: {:?}",
-        out.status
-    );
+    let (out, _) = finish_gostw(gostw, stderr);
     let pauses = pause_evidence(&out.stdout, pid);
     let host = HostSwap::delta(&start, &end);
     // The GCs read the swapped pages back.

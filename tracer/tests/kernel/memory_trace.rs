@@ -17,10 +17,9 @@ use serde_json::Value;
 use tracer::{memory::HostSwap, units};
 
 use crate::{
-    faults::start_gostw,
     memory::{ARGS, assert_fails, freeze, n, pause_evidence, signal, smaps_swap},
     scenario::{paged_gcswap, swap_out},
-    support::require_root,
+    support::{finish_gostw, require_root, start_gostw},
 };
 
 /// `gostw attach --json --pid PID` with `extra` options, traced from now
@@ -33,19 +32,9 @@ fn attach(pid: u32, extra: &[&str]) -> (Child, BufReader<ChildStderr>) {
 }
 
 /// Stop `gostw` with Ctrl-C; its output, checked successful.
-fn interrupt(gostw: Child) -> Output {
+fn interrupt(gostw: Child, stderr: BufReader<ChildStderr>) -> Output {
     signal(gostw.id(), libc::SIGINT);
-    finished(gostw)
-}
-
-fn finished(gostw: Child) -> Output {
-    let out = gostw.wait_with_output().expect("waiting for gostw");
-    assert!(
-        out.status.success(),
-        "gostw attach failed: {:?}",
-        out.status
-    );
-    out
+    finish_gostw(gostw, stderr).0
 }
 
 /// The summary line of a JSON trace.
@@ -94,15 +83,12 @@ fn attach_summary_of_a_pageout_carries_swap_advice_citing_its_numbers() {
     let host_before = HostSwap::snapshot().unwrap();
     // Stack growth off: this test is about exposure alone (the goroutine
     // count reads no page in swap: `goroutine_residency`).
-    let (gostw, _stderr) = attach(pid, &["--exposure-every", "500ms", "--stacks", "off"]);
-    for _ in 0..3 {
-        swap_out(pid, &cgroup);
-        workload.gc();
-    }
+    let (gostw, stderr) = attach(pid, &["--exposure-every", "500ms", "--stacks", "off"]);
+    workload.paged_gcs(&cgroup, 3);
     // Exposed now, when the trace ends.
     swap_out(pid, &cgroup);
     freeze(pid);
-    let out = interrupt(gostw);
+    let out = interrupt(gostw, stderr);
     let kernel_swap = smaps_swap(pid, None);
     let host_after = HostSwap::snapshot().unwrap();
     signal(pid, libc::SIGCONT);
@@ -191,13 +177,13 @@ fn attach_without_pageout_carries_no_advice_and_an_exited_process_keeps_its_last
     require_root();
     let (_swap, _cgroup, mut workload) = paged_gcswap("memory-attach-control", ARGS, &[]);
     let pid = workload.pid;
-    let (gostw, _stderr) = attach(pid, &["--exposure-every", "200ms"]);
+    let (gostw, stderr) = attach(pid, &["--exposure-every", "200ms"]);
     for _ in 0..3 {
         workload.gc();
     }
     std::thread::sleep(Duration::from_millis(500));
     let _ = workload.quit();
-    let out = finished(gostw);
+    let (out, _) = finish_gostw(gostw, stderr);
     let s = summary(&out.stdout);
     let section = &s["exposure"];
     assert_eq!(section["read_at"], "last_before_exit", "{section}");

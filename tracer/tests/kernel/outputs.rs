@@ -21,10 +21,12 @@ use tracer::{
 
 use crate::{
     agent::{Procs, free_port, start_agent, sum_series, wait_until},
-    faults::{ARGS, ENV, GC_FRAMES, ROUNDS, start_gostw},
+    faults::{ARGS, ENV, GC_FRAMES, ROUNDS},
     formats::{pprof_tool, top_rows},
-    scenario::{GcSwap, MemCgroup, SwapFile, swap_out},
-    support::{build_workload, go_matrix, newest_go, parse_report, require_root},
+    scenario::{GcSwap, MemCgroup, SwapFile},
+    support::{
+        build_workload, finish_gostw, go_matrix, newest_go, parse_report, require_root, start_gostw,
+    },
 };
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
@@ -216,17 +218,11 @@ fn attach_outputs_match_its_json_on_the_pageout_scenario() {
         "--timeline",
         timeline.to_str().unwrap(),
     ];
-    let (gostw, mut stderr) = start_gostw(&args, "fault backend");
+    let (gostw, stderr) = start_gostw(&args, "fault backend");
     workload.gc();
-    for _ in 0..ROUNDS {
-        swap_out(pid, &cgroup);
-        workload.gc();
-    }
+    workload.paged_gcs(&cgroup, ROUNDS);
     let _ = workload.quit();
-    let out = gostw.wait_with_output().expect("waiting for gostw");
-    let mut err = String::new();
-    stderr.read_to_string(&mut err).unwrap();
-    assert!(out.status.success(), "gostw attach failed: {err}");
+    let (out, err) = finish_gostw(gostw, stderr);
     let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
@@ -393,10 +389,7 @@ fn agent_serves_fault_and_stack_growth_profiles() {
     wait_until("gcswap to be traced", Duration::from_secs(30), || {
         (sum_series(&metrics(), "gostw_traced_processes", &[exe]) == 1.0).then_some(())
     });
-    for _ in 0..ROUNDS {
-        swap_out(pid, &cgroup);
-        workload.gc();
-    }
+    workload.paged_gcs(&cgroup, ROUNDS);
     // Frozen, and settled (the correlator decides within 2 s).
     // SAFETY: signalling our own child.
     assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) }, 0);

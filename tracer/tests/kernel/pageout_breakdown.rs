@@ -8,9 +8,9 @@
 use serde_json::Value;
 
 use crate::{
-    faults::{ARGS, ENV, start_gostw},
-    scenario::{paged_gcswap, swap_out},
-    support::{json_records, ns, require_root},
+    faults::{ARGS, ENV},
+    scenario::paged_gcswap,
+    support::{finish_gostw, json_records, ns, require_root, start_gostw},
 };
 
 const MS: u64 = 1_000_000;
@@ -20,22 +20,14 @@ fn pageout_pauses_are_explained_by_faults_by_phase() {
     require_root();
     let (_swap, cgroup, mut workload) = paged_gcswap("breakdown", ARGS, ENV);
     let pid = workload.pid;
-    let (gostw, _stderr) = start_gostw(
+    let (gostw, stderr) = start_gostw(
         &["attach", "--json", "--pid", &pid.to_string()],
         "tracing pid",
     );
     workload.gc();
-    for _ in 0..4 {
-        swap_out(pid, &cgroup);
-        workload.gc();
-    }
+    workload.paged_gcs(&cgroup, 4);
     let _ = workload.quit();
-    let out = gostw.wait_with_output().expect("waiting for gostw");
-    assert!(
-        out.status.success(),
-        "gostw attach failed: {:?}",
-        out.status
-    );
+    let (out, _) = finish_gostw(gostw, stderr);
     let pauses = json_records(&String::from_utf8_lossy(&out.stdout), "pause");
     let slow: Vec<&Value> = pauses
         .iter()

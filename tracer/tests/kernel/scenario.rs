@@ -129,6 +129,20 @@ impl GcSwap {
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// `rounds` times: push it to swap in `cgroup`, then one GC (which
+    /// faults its metadata back inside the pause). Returns the fewest bytes
+    /// one page-out advised.
+    pub fn paged_gcs(&mut self, cgroup: &MemCgroup, rounds: usize) -> u64 {
+        (0..rounds)
+            .map(|_| {
+                let bytes = swap_out(self.pid, cgroup);
+                self.gc();
+                bytes
+            })
+            .min()
+            .unwrap_or(0)
+    }
+
     /// Run one GC and wait for it to finish.
     pub fn gc(&mut self) {
         self.control

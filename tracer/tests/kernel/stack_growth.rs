@@ -23,7 +23,8 @@ use tracer::{
 };
 
 use crate::support::{
-    GoToolchain, build_workload, engine, go_matrix, newest_go, parse_report, require_root, runtime,
+    GoToolchain, build_workload, engine, go_matrix, gostw_stdout, newest_go, parse_report,
+    require_root, runtime,
 };
 
 /// Run `path args` traced for stack growth with `opts`, pumping the engine
@@ -238,18 +239,14 @@ fn sampled_and_exact_agree_on_the_top_site() {
     let (exact, _) = trace(&go, Mode::Exact, 0, &["-mode", "batch", "-tasks", "10000"]);
     // The sampled side through the command line, as an SRE runs it.
     let path = build_workload("stackgrowth", &go, "", &[]);
-    let out = Command::new(env!("CARGO_BIN_EXE_gostw"))
-        .args(["stacks", "--json", "--sample-hz", "499", "--"])
-        .arg(&path)
-        .args(["-mode", "batch", "-duration", "3s"])
-        .output()
-        .expect("running gostw stacks");
-    assert!(
-        out.status.success(),
-        "gostw stacks failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = gostw_stdout(
+        Command::new(env!("CARGO_BIN_EXE_gostw"))
+            .args(["stacks", "--json", "--sample-hz", "499", "--"])
+            .arg(&path)
+            .args(["-mode", "batch", "-duration", "3s"]),
+        "gostw stacks",
     );
-    let (report, sampled) = report_and_summary(&String::from_utf8_lossy(&out.stdout));
+    let (report, sampled) = report_and_summary(&stdout);
     eprintln!("{sampled:#}");
     assert_eq!(sampled["mode"], "sampled");
     assert_eq!(sampled["top_sites"][0]["site"]["function"], DEEP);
@@ -286,19 +283,14 @@ fn pie_and_stripped_binaries_are_probed_and_symbolized() {
     for (variant, build_args) in variants {
         let path = build_workload("stackgrowth", &go, variant, build_args);
         for mode in ["exact", "sampled"] {
-            let out = Command::new(env!("CARGO_BIN_EXE_gostw"))
-                .args(["stacks", "--json", "--exact-always", "--sample-hz", "499"])
-                .args(["--mode", mode, "--"])
-                .arg(&path)
-                .args(["-mode", "batch", "-duration", "1s"])
-                .output()
-                .expect("running gostw stacks");
-            assert!(
-                out.status.success(),
-                "{variant} {mode}: {}",
-                String::from_utf8_lossy(&out.stderr)
+            let stdout = gostw_stdout(
+                Command::new(env!("CARGO_BIN_EXE_gostw"))
+                    .args(["stacks", "--json", "--exact-always", "--sample-hz", "499"])
+                    .args(["--mode", mode, "--"])
+                    .arg(&path)
+                    .args(["-mode", "batch", "-duration", "1s"]),
+                &format!("{variant} {mode}"),
             );
-            let stdout = String::from_utf8_lossy(&out.stdout);
             let json = stdout.lines().find(|l| l.starts_with('{')).unwrap();
             let s: serde_json::Value = serde_json::from_str(json).unwrap();
             let site = &s["top_sites"][0]["site"];
@@ -420,36 +412,28 @@ fn stripped_server_goroutine_count_is_never_below_num_goroutine() {
     assert!(peak <= structs, "peak {peak} above allglen {structs}");
     assert!(peak > 32, "peak {peak}: the 32 clients alone are more");
     for clients in ["4", "32"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_gostw"))
-            .args(["stacks", "--json", "--sample-hz", "499", "--"])
-            .arg(&path)
-            .args(["-mode", "server", "-duration", "3s", "-clients", clients])
-            .output()
-            .expect("running gostw stacks");
-        assert!(
-            out.status.success(),
-            "gostw stacks failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let stdout = gostw_stdout(
+            Command::new(env!("CARGO_BIN_EXE_gostw"))
+                .args(["stacks", "--json", "--sample-hz", "499", "--"])
+                .arg(&path)
+                .args(["-mode", "server", "-duration", "3s", "-clients", clients]),
+            "gostw stacks",
         );
-        let (report, s) = report_and_summary(&String::from_utf8_lossy(&out.stdout));
+        let (report, s) = report_and_summary(&stdout);
         check(
             &format!("gostw stacks, {clients} clients"),
             &report,
             &s["recommendation"],
         );
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_gostw"))
-        .args(["run", "--json", "--"])
-        .arg(&path)
-        .args(["-mode", "server", "-duration", "3s", "-clients", "8"])
-        .output()
-        .expect("running gostw run");
-    assert!(
-        out.status.success(),
-        "gostw run failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = gostw_stdout(
+        Command::new(env!("CARGO_BIN_EXE_gostw"))
+            .args(["run", "--json", "--"])
+            .arg(&path)
+            .args(["-mode", "server", "-duration", "3s", "-clients", "8"]),
+        "gostw run",
     );
-    let (report, s) = report_and_summary(&String::from_utf8_lossy(&out.stdout));
+    let (report, s) = report_and_summary(&stdout);
     assert_eq!(s["type"], "summary");
     check(
         "gostw run, 8 clients",

@@ -16,10 +16,10 @@ use serde_json::Value;
 
 use crate::{
     agent::{Procs, free_port, http_get, start_agent, sum_series, wait_until},
-    faults::{Bucket, GcSwapReport, auto_backend, majflt_agrees, start_gostw},
+    faults::{Bucket, GcSwapReport, auto_backend, majflt_agrees},
     memory::signal,
     scenario::{GcSwap, MemCgroup, SwapFile, majflt, swap_out},
-    support::{build_workload, newest_go, require_root},
+    support::{build_workload, finish_gostw, newest_go, require_root, start_gostw},
 };
 
 /// Four times `gostw_scenario::PAGEOUT_ARGS`' live heap.
@@ -49,7 +49,7 @@ fn pageout_storm_loses_no_pause_and_counts_every_fault() {
         cgroup.add(pid)
     });
     let pid = workload.pid;
-    let (gostw, _stderr) = start_gostw(
+    let (gostw, stderr) = start_gostw(
         &[
             "attach",
             "--json",
@@ -77,12 +77,7 @@ fn pageout_storm_loses_no_pause_and_counts_every_fault() {
     }
     signal(gostw.id(), libc::SIGINT);
     let gostw_pid = gostw.id();
-    let out = gostw.wait_with_output().expect("waiting for gostw");
-    assert!(
-        out.status.success(),
-        "gostw attach failed: {:?}",
-        out.status
-    );
+    let (out, _) = finish_gostw(gostw, stderr);
     // What it made in tracefs (the kprobe backend's return probes) went
     // with it.
     crate::support::assert_probe_events_removed(gostw_pid);

@@ -330,6 +330,50 @@ pub fn assert_probe_events_removed(pid: u32) {
     );
 }
 
+/// Start the real gostw with `args` (stdout piped) and wait until its
+/// standard error says `ready`. The returned reader keeps stderr open, so
+/// gostw's later messages do not hit a closed pipe (`finish_gostw` reads
+/// the rest).
+pub fn start_gostw(
+    args: &[&str],
+    ready: &str,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStderr>,
+) {
+    use std::io::BufRead as _;
+
+    let mut gostw = std::process::Command::new(env!("CARGO_BIN_EXE_gostw"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting gostw");
+    let mut err = std::io::BufReader::new(gostw.stderr.take().unwrap());
+    let mut line = String::new();
+    while err.read_line(&mut line).unwrap() > 0 && !line.contains(ready) {
+        line.clear();
+    }
+    assert!(line.contains(ready), "gostw {args:?} did not start");
+    (gostw, err)
+}
+
+/// Wait for a gostw from `start_gostw` to end (by itself, or after a
+/// signal the caller sent); its output and the rest of its standard error,
+/// asserted successful (a failure shows that standard error).
+pub fn finish_gostw(
+    gostw: std::process::Child,
+    mut stderr: std::io::BufReader<std::process::ChildStderr>,
+) -> (std::process::Output, String) {
+    use std::io::Read as _;
+
+    let out = gostw.wait_with_output().expect("waiting for gostw");
+    let mut err = String::new();
+    stderr.read_to_string(&mut err).unwrap();
+    assert!(out.status.success(), "gostw failed ({}): {err}", out.status);
+    (out, err)
+}
+
 /// Run a `gostw` command to its end with standard input closed; its
 /// standard output, or a panic naming `what` with gostw's standard error
 /// and output.

@@ -8,8 +8,7 @@
 //! itself counted (two per GC the workload asked for).
 
 use std::{
-    io::{BufReader, Read as _, Write as _},
-    net::TcpStream,
+    io::{BufReader, Read as _},
     path::Path,
     process::{ChildStdin, ChildStdout, Command, Stdio},
     time::{Duration, Instant},
@@ -222,15 +221,9 @@ fn storm(procs: &mut [GcSwap], cgroup: &MemCgroup, rounds: u32) -> anyhow::Resul
 }
 
 fn metrics() -> anyhow::Result<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", PORT)).context("connecting to the agent")?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-    let mut body = String::new();
-    s.read_to_string(&mut body)?;
-    Ok(body
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default())
+    gostw_scenario::loopback::http_get(PORT, "/metrics")
+        .map(|(_, body)| body)
+        .context("no answer from the agent's /metrics")
 }
 
 /// The sum of the series `name` whose labels contain `filter`.
