@@ -17,7 +17,10 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use gostw_scenario::GcSwapControl;
+use gostw_scenario::{
+    GcSwapControl,
+    loopback::{free_port, http_get, samples},
+};
 
 use crate::{
     cmd::{Reaped, step, workspace_root},
@@ -53,7 +56,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     }
     let default_go = go::toolchain(go::DEFAULT).context("the default Go is in the matrix")?;
     let gcswap = crate::demo::build_workload(default_go, go::DEFAULT, "gcswap")?;
-    let port = gostw_scenario::loopback::free_port()?;
+    let port = free_port()?;
     let mut agent = Agent::start(&gostw, port)?;
     step("discovery latency: Go process started -> traced (10 runs)");
     let mut latencies = Vec::new();
@@ -262,7 +265,7 @@ impl Agent {
             .arg("--match")
             .arg(format!(
                 "^{}/",
-                regex_escape(&workloads.display().to_string())
+                gostw_scenario::regex_escape(&workloads.display().to_string())
             ))
             .args(["--poll-interval", "1s"])
             .stdout(Stdio::null())
@@ -421,18 +424,6 @@ fn verdict(samples: &[(f64, u64)]) -> String {
     )
 }
 
-/// `s` with the regular expression metacharacters escaped.
-fn regex_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if "\\.+*?()|[]{}^$#&-~".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
 fn proc_file(pid: u32, file: &str) -> anyhow::Result<String> {
     let p: PathBuf = Path::new("/proc").join(pid.to_string()).join(file);
     fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
@@ -464,19 +455,19 @@ fn clock_ticks() -> u64 {
 }
 
 fn metrics(port: u16) -> Option<String> {
-    gostw_scenario::loopback::http_get(port, "/metrics").map(|(_, body)| body)
+    http_get(port, "/metrics").map(|(_, body)| body)
 }
 
+/// The value of the unlabelled series `name`.
 fn metric_value(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    samples(text, name)
+        .into_iter()
+        .find_map(|(labels, v)| labels.is_empty().then_some(v))
 }
 
+/// The sum of every series of `name`.
 fn sum_metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    samples(text, name).into_iter().map(|(_, v)| v).sum()
 }
 
 #[cfg(test)]

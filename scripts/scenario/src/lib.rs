@@ -24,7 +24,31 @@ pub use pageout::{majflt, page_out, page_out_ranges, swap_out};
 pub use promtool::promtool_check;
 pub use swap::SwapFile;
 
+/// `s` with the regular expression metacharacters escaped (for the agent's
+/// `--match`; xtask has no regex crate and needs no more than this).
+pub fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$#&-~".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// `e` with `what` in front of its message (same kind).
 fn context(what: impl std::fmt::Display, e: std::io::Error) -> std::io::Error {
     std::io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn escapes_a_path_for_match() {
+        assert_eq!(
+            super::regex_escape("/tmp/a.b/c+d[1]"),
+            r"/tmp/a\.b/c\+d\[1\]"
+        );
+    }
 }

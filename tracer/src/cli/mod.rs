@@ -238,7 +238,6 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
     let mut summary = report.finish(elapsed);
     if output.summary_reader_gone(&summary) {
         // The reader went away at the very end: as above.
-        output.closed = true;
         tracer::say!("gostw: standard output was closed; tracing stopped");
         report.to_stderr();
         summary = report.finish(elapsed);

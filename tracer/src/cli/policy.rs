@@ -35,15 +35,15 @@ pub fn on_signal(sig: i32, started: bool, wait_for_child: bool) -> OnSignal {
     if !started {
         return OnSignal::End;
     }
-    let then = if wait_for_child {
-        AfterGrace::Forward
-    } else {
-        AfterGrace::End
-    };
-    match (sig == libc::SIGINT, then) {
-        (true, then) => OnSignal::Grace { then },
-        (false, AfterGrace::Forward) => OnSignal::Forward,
-        (false, AfterGrace::End) => OnSignal::End,
+    match (sig == libc::SIGINT, wait_for_child) {
+        (true, true) => OnSignal::Grace {
+            then: AfterGrace::Forward,
+        },
+        (true, false) => OnSignal::Grace {
+            then: AfterGrace::End,
+        },
+        (false, true) => OnSignal::Forward,
+        (false, false) => OnSignal::End,
     }
 }
 
@@ -74,12 +74,15 @@ impl OutputState {
     }
 
     /// Whether writing the summary failed because the reader went away just
-    /// then (so it is written again, to standard error).
-    pub fn summary_reader_gone(&self, summary: &io::Result<()>) -> bool {
-        !self.closed
+    /// then (the output is closed from now on, and the summary written again,
+    /// to standard error).
+    pub fn summary_reader_gone(&mut self, summary: &io::Result<()>) -> bool {
+        let gone = !self.closed
             && summary
                 .as_ref()
-                .is_err_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
+                .is_err_and(|e| e.kind() == io::ErrorKind::BrokenPipe);
+        self.closed |= gone;
+        gone
     }
 
     /// Whether an `--output` file is complete and may appear.
@@ -155,18 +158,15 @@ mod tests {
         let ok = Ok(());
         let pipe = Err(err(io::ErrorKind::BrokenPipe));
         let full = Err(err(io::ErrorKind::StorageFull));
-        let o = OutputState::default();
+        let mut o = OutputState::default();
         assert!(o.output_file_complete(&ok));
         assert!(!o.output_file_complete(&full));
-        assert!(o.summary_reader_gone(&pipe));
         assert!(!o.summary_reader_gone(&full));
+        assert!(o.summary_reader_gone(&pipe));
         // The summary went to standard error instead: the file is whole.
-        let closed = OutputState {
-            closed: true,
-            write_error: None,
-        };
-        assert!(closed.output_file_complete(&pipe));
-        assert!(!closed.summary_reader_gone(&pipe), "said once");
+        assert!(o.closed);
+        assert!(o.output_file_complete(&pipe));
+        assert!(!o.summary_reader_gone(&pipe), "said once");
         let failed = OutputState {
             closed: false,
             write_error: Some(err(io::ErrorKind::StorageFull)),

@@ -129,8 +129,8 @@ pub fn run(processes: u32, rounds: u32, version: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir)?;
     let matching = format!(
         "^({}|{})$",
-        regex_escape(&gcswap.canonicalize()?.display().to_string()),
-        regex_escape(&stw.canonicalize()?.display().to_string())
+        gostw_scenario::regex_escape(&gcswap.canonicalize()?.display().to_string()),
+        gostw_scenario::regex_escape(&stw.canonicalize()?.display().to_string())
     );
     let _agent = Reaped(
         Command::new(&gostw)
@@ -228,27 +228,15 @@ fn metrics() -> anyhow::Result<String> {
 
 /// The sum of the series `name` whose labels contain `filter`.
 fn sum(text: &str, name: &str, filter: &str) -> u64 {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
-        })
-        .filter(|l| l.contains(filter))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    gostw_scenario::loopback::samples(text, name)
+        .into_iter()
+        .filter(|(labels, _)| labels.contains(filter))
+        .map(|(_, v)| v)
         .sum::<f64>() as u64
 }
 
 fn n(v: &serde_json::Value) -> u64 {
     v.as_u64().unwrap_or(0)
-}
-
-fn regex_escape(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            let special = "\\.+*?()|[]{}^$".contains(c);
-            special.then_some('\\').into_iter().chain([c])
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -261,6 +249,5 @@ mod tests {
                  gostw_x_total{executable=\"stw\"} 4\ngostw_x_totally 9\n";
         assert_eq!(sum(t, "gostw_x_total", "executable=\"gcswap\""), 3);
         assert_eq!(sum(t, "gostw_x_total", ""), 7);
-        assert_eq!(regex_escape("/a.b/c+"), "/a\\.b/c\\+");
     }
 }
