@@ -367,9 +367,15 @@ pub fn finish_gostw(
 ) -> (std::process::Output, String) {
     use std::io::Read as _;
 
+    // Standard error is read while gostw ends: unread, a full pipe would
+    // block its last words and this wait with it.
+    let rest = std::thread::spawn(move || {
+        let mut err = String::new();
+        let _ = stderr.read_to_string(&mut err);
+        err
+    });
     let out = gostw.wait_with_output().expect("waiting for gostw");
-    let mut err = String::new();
-    stderr.read_to_string(&mut err).unwrap();
+    let err = rest.join().expect("reading gostw's standard error");
     assert!(out.status.success(), "gostw failed ({}): {err}", out.status);
     (out, err)
 }

@@ -75,9 +75,24 @@ echo 0 >"$kp/events/gostw_vm/openat/enable"
 [ -e /sys/kernel/btf/vmlinux ] && echo "GOSTW_VM_BTF=ok" || echo "GOSTW_VM_BTF=missing"
 echo "GOSTW_VM_BOOTED=$(cut -d' ' -f1 /proc/uptime)"
 
+# A test that hangs would leave the host nothing but a killed VM: shortly
+# before the host's deadline, say where every task of the guest waits.
+(
+	sleep @STALL_SECS@
+	echo "GOSTW_VM_STALL=tests still running after @STALL_SECS@ s; every task:"
+	ps
+	for t in /proc/[0-9]*/task/[0-9]*; do
+		echo "--- ${t#/proc/} $(cat "$t/comm" 2>/dev/null) state=$(awk '/^State/ {print $2}' "$t/status" 2>/dev/null) wchan=$(cat "$t/wchan" 2>/dev/null)"
+		cat "$t/stack" 2>/dev/null
+	done
+	grep -E '^(MemFree|SwapFree|Dirty|Writeback):' /proc/meminfo
+) &
+watchdog=$!
+
 cd /tmp
 @ENV@ @TEST_BIN@ --test-threads=1 @TEST_ARGS@
 code=$?
+kill "$watchdog" 2>/dev/null
 
 echo "GOSTW_VM_KPROBE_HITS=do_swap_page $(hits do_swap_page)"
 echo 0 >"$kp/events/gostw_vm/enable"

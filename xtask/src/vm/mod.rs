@@ -151,6 +151,8 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             go_version: toolchain.version,
             test_args: &test_args,
             kernel_name: spec.name,
+            // Two minutes before the deadline (booting takes well under one).
+            stall_secs: (opts.timeout_minutes * 60).saturating_sub(120).max(60),
         },
         &work.join("root"),
         &initrd,

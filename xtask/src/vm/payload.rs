@@ -133,6 +133,9 @@ pub struct Payload<'a> {
     pub test_args: &'a [String],
     /// Name of the kernel (`--kernel`), passed to the tests as `GOSTW_VM`.
     pub kernel_name: &'a str,
+    /// Seconds after which the guest, tests still running, prints where
+    /// every task waits (before the host's deadline kills it).
+    pub stall_secs: u64,
 }
 
 /// Stage the guest's root file system in `stage` and pack it into the
@@ -242,6 +245,7 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
             ),
         )
         .replace("@LINKS@", &link_commands(&links)?)
+        .replace("@STALL_SECS@", &p.stall_secs.to_string())
         .replace(
             "@TEST_BIN@",
             &shell_quote(&guest_tests.expect("two binaries").to_string_lossy()),
