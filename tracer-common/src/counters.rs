@@ -49,11 +49,14 @@ pub enum Counter {
     /// probe (its return-probe instances ran out). Entries add one, returns
     /// take one away, on whatever CPU: the sum over CPUs is what counts.
     FaultReturnsPending = 14,
+    /// The kernel stack of a followed thread going to sleep inside a pause
+    /// could not be recorded (`bpf_get_stackid`): its wait has no kind.
+    KernelStackFailed = 15,
 }
 
 impl Counter {
     /// Every counter, in index order.
-    pub const ALL: [Counter; 15] = [
+    pub const ALL: [Counter; 16] = [
         Counter::RingbufFull,
         Counter::ReadUserFailed,
         Counter::MapFull,
@@ -69,6 +72,7 @@ impl Counter {
         Counter::FaultShed,
         Counter::RingbufFullDetail,
         Counter::FaultReturnsPending,
+        Counter::KernelStackFailed,
     ];
     /// Number of slots in the `COUNTERS` array.
     pub const LEN: u32 = Self::ALL.len() as u32;
@@ -91,6 +95,7 @@ impl Counter {
             Counter::FaultShed => "fault_shed",
             Counter::RingbufFullDetail => "ringbuf_full_detail",
             Counter::FaultReturnsPending => "fault_returns_pending",
+            Counter::KernelStackFailed => "kernel_stack_failed",
         }
     }
 

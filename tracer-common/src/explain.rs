@@ -30,6 +30,7 @@ pub const LAGGARD_FRAMES: usize = 8;
 /// Threads running a goroutine at the stop's entry that are remembered
 /// (the M list is walked up to `MAX_MS` entries).
 pub const CANDIDATES: usize = 8;
+pub const KERNEL_WAITS: usize = 8;
 /// Ms walked at the stop's entry.
 pub const MAX_MS: usize = 32;
 
@@ -157,6 +158,25 @@ impl LaggardState {
 }
 
 /// A thread holding a P while the world stops (from the M list).
+/// Time a followed thread slept in the kernel (blocked, not runnable) at
+/// one kernel stack: the stopping thread in any phase, a laggard while the
+/// world was stopping. The stack is taken where the thread left the CPU,
+/// so it says what it waited on (the address space's lock, reclaim, page
+/// I/O, a futex).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelWait {
+    pub tid: u32,
+    /// The phase the wait began in (`PHASE_*`).
+    pub phase: u32,
+    /// Its kernel stack in `PAUSE_STACKS` (negative: not taken).
+    pub kstack_id: i32,
+    /// Intervals added up here.
+    pub count: u32,
+    pub blocked_ns: u64,
+}
+assert_size!(KernelWait, 24);
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Candidate {
@@ -221,6 +241,11 @@ pub struct PauseDetail {
     pub nlaggards: u32,
     pub laggards_dropped: u32,
     pub _pad2: u32,
+    /// Waits in `waits`, and those not kept (all in use) with their time.
+    pub nwaits: u32,
+    pub waits_dropped: u32,
+    pub waits_dropped_ns: u64,
+    pub waits: [KernelWait; KERNEL_WAITS],
     /// Sent up to the last laggard in use (`PauseDetail::sent_len`): what
     /// follows stays in the kernel.
     pub laggards: [Laggard; LAGGARDS],
@@ -238,6 +263,8 @@ assert_size!(
         + 40
         + (16 * PHASES + 24)
         + 48
+        + 16
+        + 24 * KERNEL_WAITS
         + LAGGARDS * (88 + 8 * LAGGARD_FRAMES)
         + 24 * CANDIDATES
 );
@@ -322,6 +349,16 @@ impl PauseDetail {
         },
         nlaggards: 0,
         laggards_dropped: 0,
+        nwaits: 0,
+        waits_dropped: 0,
+        waits_dropped_ns: 0,
+        waits: [KernelWait {
+            tid: 0,
+            phase: 0,
+            kstack_id: -1,
+            count: 0,
+            blocked_ns: 0,
+        }; KERNEL_WAITS],
         laggards: [NO_LAGGARD; LAGGARDS],
         ncandidates: 0,
         ms_walked: 0,
@@ -360,7 +397,9 @@ pub struct PauseThread {
     pub pending: OffCpu,
     /// `Laggard::*` bits to give its slot.
     pub flags: u32,
-    pub _pad: u32,
+    /// The kernel stack where it last left the CPU asleep (negative: none),
+    /// in `PAUSE_STACKS`.
+    pub kstack_id: i32,
 }
 assert_size!(PauseThread, 56);
 

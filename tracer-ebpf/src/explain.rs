@@ -105,6 +105,9 @@ pub fn opened(tgid: u32, tid: u32, stop_ts_ns: u64, bp: u64, ip: u64) {
     d.stopper = StopperTime::default();
     d.nlaggards = 0;
     d.laggards_dropped = 0;
+    d.nwaits = 0;
+    d.waits_dropped = 0;
+    d.waits_dropped_ns = 0;
     d.caller_len = walk_caller(bp, &mut d.caller);
     d.allm = if d.allm_link != 0 && d.stop_the_world_link != 0 {
         // The probe sits a few bytes into the function (its prologue's
@@ -323,6 +326,7 @@ fn add_candidate(d: &mut PauseDetail, tid: u32, m: u64, g: u64, tgid: u32, since
         off_since_ns: since,
         off_phase: PHASE_STOPPING,
         flags: Laggard::CANDIDATE | Laggard::OFF_AT_START,
+        kstack_id: -1,
         ..PauseThread::default()
     };
     if PAUSE_THREADS.insert(tid, t, 0).is_err() {

@@ -21,8 +21,8 @@ use aya_ebpf::{
 use tracer_common::{
     counters::Counter,
     explain::{
-        CANDIDATES, LAGGARDS, Laggard, LaggardState, OffCpu, PHASE_RESTARTING, PHASE_STOPPED,
-        PHASE_STOPPING, PauseDetail, PauseThread,
+        CANDIDATES, KERNEL_WAITS, KernelWait, LAGGARDS, Laggard, LaggardState, OffCpu,
+        PHASE_RESTARTING, PHASE_STOPPED, PHASE_STOPPING, PauseDetail, PauseThread,
     },
 };
 
@@ -188,6 +188,7 @@ fn follow_out(
             off_since_ns: t,
             off_phase: d.phase,
             woken: u32::from(runnable),
+            kstack_id: if runnable { -1 } else { kernel_stack(ctx) },
             ..PauseThread::default()
         };
         if PAUSE_THREADS.insert(tid, entry, 0).is_err() {
@@ -286,10 +287,65 @@ fn follow_out(
         off_since_ns: t,
         off_phase: d.phase,
         woken: u32::from(runnable),
+        kstack_id: if runnable { -1 } else { kernel_stack(ctx) },
         ..PauseThread::default()
     };
     if PAUSE_THREADS.insert(tid, entry, 0).is_err() {
         count(Counter::MapFull);
+    }
+}
+
+/// The current thread's kernel stack in `PAUSE_STACKS`, as it goes to
+/// sleep (where it waits: a lock, reclaim, I/O), or a negative error.
+#[inline(always)]
+fn kernel_stack(ctx: &TracePointContext) -> i32 {
+    match ctx.get_stackid(&PAUSE_STACKS, BPF_F_REUSE_STACKID as u64) {
+        Ok(id) => id as i32,
+        Err(e) => {
+            count(Counter::KernelStackFailed);
+            e
+        }
+    }
+}
+
+/// Add `ns` of sleep at `e`'s kernel stack to `d`'s waits: the stopping
+/// thread's in any phase, a laggard's only while the world is stopping (its
+/// sleep after it stopped kept no one waiting).
+#[inline(always)]
+fn add_wait(d: &mut PauseDetail, tid: u32, e: &PauseThread, ns: u64) {
+    if e.slot != PauseThread::STOPPER && d.phase != PHASE_STOPPING {
+        return;
+    }
+    let n = (d.nwaits as usize).min(KERNEL_WAITS);
+    for i in 0..KERNEL_WAITS {
+        if i >= n {
+            break;
+        }
+        // Opaque index: see `explain::add_candidate`.
+        let Some(w) = d.waits.get_mut(core::hint::black_box(i)) else {
+            break;
+        };
+        if w.tid == tid && w.phase == e.off_phase && w.kstack_id == e.kstack_id {
+            w.count += 1;
+            w.blocked_ns += ns;
+            return;
+        }
+    }
+    match d.waits.get_mut(core::hint::black_box(n)) {
+        Some(w) => {
+            *w = KernelWait {
+                tid,
+                phase: e.off_phase,
+                kstack_id: e.kstack_id,
+                count: 1,
+                blocked_ns: ns,
+            };
+            d.nwaits += 1;
+        }
+        None => {
+            d.waits_dropped += 1;
+            d.waits_dropped_ns += ns;
+        }
     }
 }
 
@@ -422,6 +478,7 @@ fn woken(tid: u32, t: u64) {
         return;
     }
     let blocked = t.saturating_sub(e.off_since_ns);
+    add_wait(d, tid, e, blocked);
     if e.slot == PauseThread::STOPPER {
         d.stopper.by_phase[phase_index(e.off_phase)].blocked_ns += blocked;
         if d.phase == PHASE_STOPPING {
@@ -448,6 +505,9 @@ fn switched_in(tid: u32, t: u64) {
     // A candidate the entry probe guessed off the CPU, never woken, was
     // waiting for one: runnable.
     let runnable = e.woken != 0 || e.flags & Laggard::OFF_AT_START != 0;
+    if !runnable {
+        add_wait(d, tid, e, ns);
+    }
     if e.slot == PauseThread::STOPPER {
         let off = &mut d.stopper.by_phase[phase_index(e.off_phase)];
         if runnable {

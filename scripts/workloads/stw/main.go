@@ -42,6 +42,9 @@ func main() {
 	if *startOnSignal {
 		waitForSignal()
 	}
+	if *mmapLockMB > 0 {
+		startMmapLock(*mmapLockMB, *mmapLockHolder)
+	}
 	if *spinners > 0 {
 		n := spinIterations(*spinChunk)
 		spin := spinner

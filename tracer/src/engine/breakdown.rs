@@ -3,7 +3,7 @@
 
 use tracer_common::explain::{OffCpu, StopperTime};
 
-use crate::model::breakdown::Breakdown;
+use crate::model::{breakdown::Breakdown, kernel_wait::NamedWaits};
 
 /// The critical laggard's time from the pause's start until it stopped.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -16,6 +16,8 @@ pub struct LaggardTime {
     /// The stopping thread's stopping-phase off-CPU time when it stopped:
     /// what it had beyond that is its reaction.
     pub stopper_off_before: OffCpu,
+    /// Its blocked time whose kernel stack names it, while stopping.
+    pub named: NamedWaits,
 }
 
 /// What the breakdown is computed from.
@@ -31,6 +33,27 @@ pub struct Inputs<'a> {
     /// (begin to end), and the blocked part of it.
     pub stopper_fault_ns: u64,
     pub stopper_fault_blocked_ns: u64,
+    /// The stopping thread's blocked time whose kernel stack names it:
+    /// while stopping, and after.
+    pub stopper_named_stopping: NamedWaits,
+    pub stopper_named_stopped: NamedWaits,
+}
+
+/// Name the parts of `blocked` ns of sleep that `named` covers (in `b`'s
+/// `mmap_lock_ns`, `reclaim_ns` and `probe_ns`, taken out of `named`); what
+/// is left stays blocked.
+fn name_blocked(b: &mut Breakdown, blocked: u64, named: &mut NamedWaits) -> u64 {
+    let mut left = Budget(blocked);
+    for (part, have) in [
+        (&mut b.mmap_lock_ns, &mut named.mmap_lock_ns),
+        (&mut b.reclaim_ns, &mut named.reclaim_ns),
+        (&mut b.probe_ns, &mut named.probe_ns),
+    ] {
+        let t = left.take(*have);
+        *part += t;
+        *have -= t;
+    }
+    left.0
 }
 
 /// Takes parts out of a length; nothing taken can exceed what is left.
@@ -51,31 +74,46 @@ pub fn compute(i: &Inputs) -> Breakdown {
     let finished = i.start_ns + stopping;
     let mut s = Budget(stopping);
     let phase0 = &i.stopper.by_phase[0];
-    match i.laggard {
+    let own = match i.laggard {
         Some(l) => {
             let until = l.stopped_at_ns.clamp(i.start_ns, finished);
             let mut lag = Budget(s.take(until - i.start_ns));
             b.stopping_fault_ns = lag.take(l.fault_ns);
             b.stopping_runnable_ns = lag.take(l.runnable_ns);
-            b.stopping_blocked_ns = lag.take(l.blocked_ns);
+            let blocked = lag.take(l.blocked_ns);
+            b.stopping_blocked_ns = name_blocked(&mut b, blocked, &mut { l.named });
             b.stopping_on_cpu_ns = lag.take(u64::MAX);
             // The stopping thread's reaction: what it spent off the CPU
             // after the laggard stopped (waiting for a CPU; asleep on
             // something gostw did not see is unexplained).
             let before = l.stopper_off_before;
-            b.off_cpu_runnable_ns += s.take(phase0.runnable_ns.saturating_sub(before.runnable_ns));
-            b.unexplained_ns += s.take(phase0.blocked_ns.saturating_sub(before.blocked_ns));
+            OffCpu {
+                runnable_ns: phase0.runnable_ns.saturating_sub(before.runnable_ns),
+                blocked_ns: phase0.blocked_ns.saturating_sub(before.blocked_ns),
+            }
         }
-        None => {
-            b.off_cpu_runnable_ns += s.take(phase0.runnable_ns);
-            b.unexplained_ns += s.take(phase0.blocked_ns);
-        }
-    }
+        None => *phase0,
+    };
+    // The stopping thread's own time in the stopping phase (its reaction,
+    // or all of it with no laggard seen).
+    let mut named = i.stopper_named_stopping;
+    let runnable0 = s.take(own.runnable_ns);
+    b.off_cpu_runnable_ns += runnable0;
+    let asleep0 = s.take(own.blocked_ns);
+    b.unexplained_ns += name_blocked(&mut b, asleep0, &mut named);
     b.on_cpu_ns += s.take(u64::MAX);
+    // An off-CPU interval is kept by the phase it began in: one that began
+    // before Go's `finishedStopping` and outlasted it (the stopping probe
+    // itself can sleep, see `WaitKind::Uprobe`) goes on in the stopped
+    // phase with what of it did not fit in the stopping one.
     let mut p = Budget(i.duration_ns - stopping);
     let later = &i.stopper.by_phase[1..];
-    let runnable: u64 = later.iter().map(|o| o.runnable_ns).sum();
-    let blocked: u64 = later.iter().map(|o| o.blocked_ns).sum();
+    let runnable: u64 =
+        later.iter().map(|o| o.runnable_ns).sum::<u64>() + (own.runnable_ns - runnable0);
+    let blocked: u64 = later.iter().map(|o| o.blocked_ns).sum::<u64>() + (own.blocked_ns - asleep0);
+    named.mmap_lock_ns += i.stopper_named_stopped.mmap_lock_ns;
+    named.reclaim_ns += i.stopper_named_stopped.reclaim_ns;
+    named.probe_ns += i.stopper_named_stopped.probe_ns;
     // Time inside faults is exact (the fault events); the scheduler's
     // blocked time inside them is their blocked part, and the rest of a
     // fault (handling it, waiting to run again) is taken as the runnable
@@ -84,7 +122,8 @@ pub fn compute(i: &Inputs) -> Breakdown {
     let fault_blocked = i.stopper_fault_blocked_ns.min(fault).min(blocked);
     let fault_runnable = runnable.min(fault - fault_blocked);
     b.faults_ns = p.take(fault);
-    b.off_cpu_blocked_ns = p.take(blocked - fault_blocked);
+    let asleep = p.take(blocked - fault_blocked);
+    b.off_cpu_blocked_ns = name_blocked(&mut b, asleep, &mut named);
     b.off_cpu_runnable_ns += p.take(runnable - fault_runnable);
     b.on_cpu_ns += p.take(u64::MAX);
     b
@@ -132,6 +171,8 @@ mod tests {
             stopper: &st,
             stopper_fault_ns: 0,
             stopper_fault_blocked_ns: 0,
+            stopper_named_stopping: NamedWaits::default(),
+            stopper_named_stopped: NamedWaits::default(),
         });
         assert_eq!(b.stopping_on_cpu_ns, 19_400_000);
         assert_eq!(b.off_cpu_runnable_ns, 50_000);
@@ -160,6 +201,8 @@ mod tests {
             stopper: &st,
             stopper_fault_ns: 2_500_000,
             stopper_fault_blocked_ns: 2 * MS,
+            stopper_named_stopping: NamedWaits::default(),
+            stopper_named_stopped: NamedWaits::default(),
         });
         assert_eq!(b.stopping_runnable_ns, 600_000);
         assert_eq!(b.stopping_on_cpu_ns, 400_000);
@@ -182,11 +225,95 @@ mod tests {
             stopper: &st,
             stopper_fault_ns: 0,
             stopper_fault_blocked_ns: 0,
+            stopper_named_stopping: NamedWaits::default(),
+            stopper_named_stopped: NamedWaits::default(),
         });
         assert_eq!(b.off_cpu_runnable_ns, MS);
         assert_eq!(b.off_cpu_blocked_ns, 4 * MS);
         assert_eq!(b.unexplained_ns, 4 * MS);
         assert_eq!(b.on_cpu_ns, MS);
         assert_eq!(b.total_ns(), 10 * MS);
+    }
+
+    #[test]
+    fn named_sleeps_come_out_of_the_blocked_part_they_were_in() {
+        // 10 ms: 4 ms stopping, the laggard asleep 3 ms of it (2 ms on the
+        // address space's lock); then the stopping thread asleep 5 ms, 1 ms
+        // of it in reclaim; named time beyond a part's sleep is cut.
+        let st = stopper((0, 0), (0, 5 * MS));
+        let named = |mmap_lock_ns, reclaim_ns| NamedWaits {
+            mmap_lock_ns,
+            reclaim_ns,
+            probe_ns: 0,
+        };
+        let b = compute(&Inputs {
+            start_ns: 0,
+            duration_ns: 10 * MS,
+            stopping_ns: 4 * MS,
+            laggard: Some(LaggardTime {
+                stopped_at_ns: 4 * MS,
+                blocked_ns: 3 * MS,
+                named: named(2 * MS, 0),
+                ..LaggardTime::default()
+            }),
+            stopper: &st,
+            stopper_fault_ns: 0,
+            stopper_fault_blocked_ns: 0,
+            stopper_named_stopping: named(0, 0),
+            stopper_named_stopped: named(0, MS),
+        });
+        assert_eq!(b.mmap_lock_ns, 2 * MS);
+        assert_eq!(b.stopping_blocked_ns, MS);
+        assert_eq!(b.stopping_on_cpu_ns, MS);
+        assert_eq!(b.reclaim_ns, MS);
+        assert_eq!(b.off_cpu_blocked_ns, 4 * MS);
+        assert_eq!(b.on_cpu_ns, MS);
+        assert_eq!(b.total_ns(), 10 * MS);
+        // More named than asleep: the sleep is all named, nothing overflows.
+        let b = compute(&Inputs {
+            start_ns: 0,
+            duration_ns: 10 * MS,
+            stopping_ns: 4 * MS,
+            laggard: Some(LaggardTime {
+                stopped_at_ns: 4 * MS,
+                blocked_ns: 3 * MS,
+                named: named(2 * MS, 2 * MS),
+                ..LaggardTime::default()
+            }),
+            stopper: &st,
+            stopper_fault_ns: 0,
+            stopper_fault_blocked_ns: 0,
+            stopper_named_stopping: named(0, 0),
+            stopper_named_stopped: named(9 * MS, 0),
+        });
+        assert_eq!((b.mmap_lock_ns, b.reclaim_ns), (2 * MS + 5 * MS, MS));
+        assert_eq!((b.stopping_blocked_ns, b.off_cpu_blocked_ns), (0, 0));
+        assert_eq!(b.total_ns(), 10 * MS);
+    }
+
+    #[test]
+    fn a_sleep_that_outlasts_the_stopping_phase_goes_on_in_the_stopped_one() {
+        // Seen on 6.18: 7.14 ms pause, 10 us stopping; the stopping probe
+        // (just after Go's finishedStopping) waited 7.1 ms for the address
+        // space's lock, an interval the kernel keeps in the stopping phase.
+        let st = stopper((0, 7_100_000), (0, 0));
+        let b = compute(&Inputs {
+            start_ns: 0,
+            duration_ns: 7_140_000,
+            stopping_ns: 10_000,
+            laggard: None,
+            stopper: &st,
+            stopper_fault_ns: 0,
+            stopper_fault_blocked_ns: 0,
+            stopper_named_stopping: NamedWaits {
+                probe_ns: 7_100_000,
+                ..NamedWaits::default()
+            },
+            stopper_named_stopped: NamedWaits::default(),
+        });
+        assert_eq!(b.probe_ns, 7_100_000);
+        assert_eq!((b.unexplained_ns, b.off_cpu_blocked_ns), (0, 0));
+        assert_eq!(b.on_cpu_ns, 40_000);
+        assert_eq!(b.total_ns(), 7_140_000);
     }
 }

@@ -5,7 +5,7 @@
 use crate::model::losses::Losses;
 use tracer_common::{
     event::{EventHeader, EventKind},
-    explain::{LAGGARDS, Laggard, PauseDetail},
+    explain::{KERNEL_WAITS, LAGGARDS, Laggard, PauseDetail},
     fault::FaultRecord,
     pause::PauseEvent,
     stack::StackGrowthEvent,
@@ -82,6 +82,7 @@ fn decode_detail(raw: &[u8]) -> Result<PauseDetail, DecodeError> {
         return Err(short(PauseDetail::sent_len(whole + 1)));
     }
     d.nlaggards = d.nlaggards.min(whole.min(LAGGARDS) as u32);
+    d.nwaits = d.nwaits.min(KERNEL_WAITS as u32);
     Ok(d)
 }
 

@@ -8,6 +8,7 @@ use tracer_common::explain::{Laggard, OffCpu};
 use super::breakdown::{self, LaggardTime};
 use crate::model::{
     fault::{Fault, PhaseFaults},
+    kernel_wait::{KernelWaitRecord, NamedWaits, Phase, Sleeper, WaitKind},
     laggard::{FramesFrom, LaggardRecord, LaggardStateName, RawLaggard},
     pause::PauseRecord,
 };
@@ -36,6 +37,25 @@ pub fn complete(rec: &mut PauseRecord, faults: &[Fault]) {
         .map(|l| laggard(l, start, stop_end, faults))
         .collect();
     laggards.sort_by(|a, b| b.0.ns.cmp(&a.0.ns).then(a.0.tid.cmp(&b.0.tid)));
+    let mut waits: Vec<KernelWaitRecord> = input
+        .waits
+        .iter()
+        .map(|w| KernelWaitRecord::of(w, rec.tid))
+        .collect();
+    waits.sort_by(|a, b| b.ns.cmp(&a.ns).then(a.tid.cmp(&b.tid)));
+    // The kernel keeps a sleep in the phase the stopping probe had not yet
+    // ended: the stopping thread's sleeps in a probe that the kernel puts in
+    // the stopping phase are the stopping probe's own, which sits after Go's
+    // `finishedStopping`: by Go's clock, the stopped phase.
+    let mut stopper = input.stopper;
+    for w in waits.iter_mut().filter(|w| {
+        w.thread == Sleeper::Stopping && w.kind == WaitKind::Uprobe && w.phase == Phase::Stopping
+    }) {
+        w.phase = Phase::Stopped;
+        let moved = w.ns.min(stopper.by_phase[0].blocked_ns);
+        stopper.by_phase[0].blocked_ns -= moved;
+        stopper.by_phase[1].blocked_ns += moved;
+    }
     if let (Some(finished), true) = (finished, input.sched) {
         let critical = laggards.first().map(|(l, until, stopper_off)| LaggardTime {
             stopped_at_ns: *until,
@@ -43,7 +63,15 @@ pub fn complete(rec: &mut PauseRecord, faults: &[Fault]) {
             runnable_ns: l.runnable_ns,
             blocked_ns: l.blocked_ns,
             stopper_off_before: *stopper_off,
+            named: NamedWaits::of(&waits, |w| {
+                w.tid == l.tid && w.thread == Sleeper::Laggard && w.phase == Phase::Stopping
+            }),
         });
+        let stopper_named = |phase: fn(Phase) -> bool| {
+            NamedWaits::of(&waits, move |w| {
+                w.thread == Sleeper::Stopping && phase(w.phase)
+            })
+        };
         let stopper_faults: Vec<&Fault> = faults
             .iter()
             .filter(|f| f.tid == rec.tid && f.at_ns() >= finished)
@@ -58,9 +86,11 @@ pub fn complete(rec: &mut PauseRecord, faults: &[Fault]) {
             duration_ns: rec.duration_ns,
             stopping_ns: finished - start,
             laggard: critical,
-            stopper: &input.stopper,
+            stopper: &stopper,
             stopper_fault_ns,
             stopper_fault_blocked_ns,
+            stopper_named_stopping: stopper_named(|p| p == Phase::Stopping),
+            stopper_named_stopped: stopper_named(|p| p != Phase::Stopping),
         })));
         if let Some(stats) = &mut rec.faults {
             stats.by_phase = Some(Box::new(by_phase(faults, finished, restart)));
@@ -68,6 +98,7 @@ pub fn complete(rec: &mut PauseRecord, faults: &[Fault]) {
     }
     laggards.truncate(RECORD_LAGGARDS);
     rec.laggards = Some(laggards.into_iter().map(|(l, ..)| l).collect());
+    rec.kernel_waits = Some(waits);
 }
 
 /// A laggard's record, when it stopped (at most `stop_end`), and the
@@ -251,6 +282,7 @@ mod tests {
                 raw(5, 99 * MS, (0, 0)),
             ],
             laggards_dropped: 0,
+            waits: Vec::new(),
         }));
         let faults = [
             fault(2, 101 * MS, 106 * MS, 5 * MS),
@@ -294,6 +326,7 @@ mod tests {
             stopper: StopperTime::default(),
             laggards: vec![raw(2, 104 * MS, (MS, 0))],
             laggards_dropped: 0,
+            waits: Vec::new(),
         }));
         complete(&mut rec, &[]);
         assert!(rec.breakdown.is_none());
@@ -323,6 +356,7 @@ mod tests {
                 sampled(4, 105 * MS, (0, 5 * MS)),
             ],
             laggards_dropped: 0,
+            waits: Vec::new(),
         }));
         let faults = [fault(3, 101 * MS, 106 * MS, 5 * MS)];
         complete(&mut rec, &faults);
@@ -357,6 +391,7 @@ mod tests {
             stopper: StopperTime::default(),
             laggards: vec![sampled, raw(3, 0, (0, 0))],
             laggards_dropped: 0,
+            waits: Vec::new(),
         }));
         complete(&mut rec, &[]);
         let l = rec.laggards.as_ref().unwrap();
@@ -385,6 +420,7 @@ mod tests {
             stopper: StopperTime::default(),
             laggards: vec![l],
             laggards_dropped: 0,
+            waits: Vec::new(),
         }));
         complete(&mut rec, &[]);
         let l = &rec.laggards.as_ref().unwrap()[0];

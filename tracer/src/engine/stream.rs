@@ -16,6 +16,7 @@ use super::{
 };
 use crate::model::{
     fault::Fault,
+    kernel_wait::RawWait,
     laggard::{ExplainInput, RawLaggard},
     losses::Losses,
     observed::{Observed, ProcessInfo},
@@ -24,6 +25,7 @@ use crate::model::{
 use crate::{
     clock::WallClock,
     image::{Frame, ProcessImage},
+    procfs::kallsyms::KernelSymbols,
 };
 
 /// Frames kept of a fault's user stack (from at most as many addresses:
@@ -200,7 +202,38 @@ impl Stream {
             stopper: d.stopper,
             laggards,
             laggards_dropped: d.laggards_dropped,
+            waits: d.waits[..(d.nwaits as usize).min(d.waits.len())]
+                .iter()
+                .map(|w| RawWait {
+                    tid: w.tid,
+                    phase: w.phase,
+                    count: w.count,
+                    blocked_ns: w.blocked_ns,
+                    frames: self.kernel_stack(w.kstack_id),
+                })
+                .collect(),
         }
+    }
+
+    /// The function names of a kernel stack in `PAUSE_STACKS`, innermost
+    /// first (negative id, or addresses the kernel hides: none).
+    fn kernel_stack(&self, id: i32) -> Vec<String> {
+        let (Some(stacks), true) = (&self.pause_stacks, id >= 0) else {
+            return Vec::new();
+        };
+        let symbols = KernelSymbols::host();
+        if symbols.is_empty() {
+            return Vec::new();
+        }
+        stacks
+            .addresses(id as u32)
+            .into_iter()
+            .map(|a| {
+                symbols
+                    .name(a)
+                    .map_or_else(|| format!("{a:#x}"), str::to_owned)
+            })
+            .collect()
     }
 
     /// A laggard's goroutine stack (all return addresses; the word after

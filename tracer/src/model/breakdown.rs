@@ -22,13 +22,19 @@
 //!   `on_cpu_ns` (running: no off-CPU interval covers it; the scheduler
 //!   programs see every switch of that thread while they are attached).
 //!
+//! Blocked time whose kernel stack says it waited for the address space's
+//! lock, for reclaim, or in gostw's own probe (`model::kernel_wait`) is
+//! named `mmap_lock_ns`, `reclaim_ns` or `probe_ns` instead, taken out of the blocked part it was in (the
+//! laggard's `stopping_blocked_ns`, the stopping thread's
+//! `off_cpu_blocked_ns` or `unexplained_ns`).
+//!
 //! Other threads' faults of the stopped and restarting phases are not
 //! parts: the stopping thread did not wait for them.
 
 use serde::Serialize;
 
 /// The parts' names: the JSON field names without `_ns`.
-pub const PARTS: [&str; 9] = [
+pub const PARTS: [&str; 12] = [
     "stopping_on_cpu",
     "stopping_fault",
     "stopping_runnable",
@@ -36,6 +42,9 @@ pub const PARTS: [&str; 9] = [
     "faults",
     "off_cpu_runnable",
     "off_cpu_blocked",
+    "mmap_lock",
+    "reclaim",
+    "probe",
     "on_cpu",
     "unexplained",
 ];
@@ -50,6 +59,13 @@ pub struct Breakdown {
     pub faults_ns: u64,
     pub off_cpu_runnable_ns: u64,
     pub off_cpu_blocked_ns: u64,
+    /// Asleep waiting for the address space's lock, in either phase.
+    pub mmap_lock_ns: u64,
+    /// Asleep in reclaim, compaction or the `memory.high` throttle.
+    pub reclaim_ns: u64,
+    /// gostw's own probe asleep in the kernel (`WaitKind::Uprobe`): the
+    /// cost of tracing inside the pause.
+    pub probe_ns: u64,
     pub on_cpu_ns: u64,
     pub unexplained_ns: u64,
 }
@@ -74,6 +90,9 @@ impl Breakdown {
             self.faults_ns,
             self.off_cpu_runnable_ns,
             self.off_cpu_blocked_ns,
+            self.mmap_lock_ns,
+            self.reclaim_ns,
+            self.probe_ns,
             self.on_cpu_ns,
             self.unexplained_ns,
         ];
@@ -94,6 +113,9 @@ impl Breakdown {
         self.faults_ns += o.faults_ns;
         self.off_cpu_runnable_ns += o.off_cpu_runnable_ns;
         self.off_cpu_blocked_ns += o.off_cpu_blocked_ns;
+        self.mmap_lock_ns += o.mmap_lock_ns;
+        self.reclaim_ns += o.reclaim_ns;
+        self.probe_ns += o.probe_ns;
         self.on_cpu_ns += o.on_cpu_ns;
         self.unexplained_ns += o.unexplained_ns;
     }

@@ -40,6 +40,8 @@ pub struct ExplainInput {
     pub stopper: StopperTime,
     pub laggards: Vec<RawLaggard>,
     pub laggards_dropped: u32,
+    /// Where in the kernel the followed threads slept.
+    pub waits: Vec<super::kernel_wait::RawWait>,
 }
 
 /// How a laggard spent the time until it stopped, by its largest part.

@@ -10,6 +10,7 @@
 //! - `pause`: a stop-the-world pause's record and Go's reasons;
 //! - `laggard`, `breakdown`: what in a pause kept the world waiting, and its
 //!   duration in named parts;
+//! - `kernel_wait`: where in the kernel the threads that mattered slept;
 //! - `fault`: a major fault, its sites and its totals by pause phase;
 //! - `observed`: the one stream the engine emits, and the process it names;
 //! - `labels`: a process's bounded series labels;
@@ -20,6 +21,7 @@
 pub mod backend;
 pub mod breakdown;
 pub mod fault;
+pub mod kernel_wait;
 pub mod labels;
 pub mod laggard;
 pub mod losses;

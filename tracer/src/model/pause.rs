@@ -135,6 +135,10 @@ pub struct PauseRecord {
     /// (`engine::explain`), when pauses are explained.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub laggards: Option<Vec<super::laggard::LaggardRecord>>,
+    /// Where in the kernel the stopping thread (any phase) and the laggards
+    /// (while stopping) slept, longest first, when pauses are explained.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_waits: Option<Vec<super::kernel_wait::KernelWaitRecord>>,
     /// The pause's duration in named parts (`engine::breakdown`), where the
     /// stopping phase and the scheduler data are known.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -212,6 +216,7 @@ pub fn record(ev: &PauseEvent, clock: WallClock) -> PauseRecord {
         stopping_ns,
         caller: None,
         laggards: None,
+        kernel_waits: None,
         breakdown: None,
         restarting_ns: None,
         faults: None,
@@ -253,6 +258,7 @@ pub mod tests_support {
             stopping_ns: None,
             caller: None,
             laggards: None,
+            kernel_waits: None,
             breakdown: None,
             restarting_ns: None,
             faults: None,

@@ -19,6 +19,7 @@ use crate::{
     model::{
         breakdown::Breakdown,
         fault::{Fault, FaultKind, FaultTotals, PauseFaultStats, PhaseFaults},
+        kernel_wait::{KernelWaitRecord, Phase, Sleeper, WaitKind},
         laggard::{FramesFrom, LaggardRecord, LaggardStateName},
         observed::{CpuSamples, Observed, ObservedPause, ProcessInfo},
     },
@@ -180,6 +181,15 @@ fn full_pause(pid: u32) -> ObservedPause {
         frames_from: FramesFrom::Sample,
         held_samples: 4,
         stopped_at: vec![frame("main.spinner")],
+    }]);
+    r.kernel_waits = Some(vec![KernelWaitRecord {
+        tid: 8,
+        thread: Sleeper::Laggard,
+        phase: Phase::Stopping,
+        kind: WaitKind::MmapLock,
+        ns: 5,
+        count: 1,
+        frames: vec!["rwsem_down_read_slowpath".into()],
     }]);
     r.breakdown = Some(Box::new(Breakdown::default()));
     let swap = FaultTotals {

@@ -18,6 +18,7 @@ mod compat;
 mod faults;
 mod formats;
 mod goroutine_residency;
+mod kernel_waits;
 mod laggards;
 mod live_lines;
 mod memory;
