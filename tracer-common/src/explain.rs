@@ -68,7 +68,9 @@ pub struct StopperTime {
     pub last_in_ns: u64,
     /// Its switches off the CPU inside the window.
     pub switches: u32,
-    pub _pad: u32,
+    /// Page faults it began inside the window, every kind (the tracepoint
+    /// fault backend only).
+    pub faults: u32,
 }
 assert_size!(StopperTime, 16 * PHASES + 24);
 
@@ -110,7 +112,9 @@ pub struct Laggard {
     /// when it left the thread (`LAGGARD_FRAMES` set).
     pub goid: u64,
     pub nframes: u32,
-    pub _pad: u32,
+    /// Page faults it began while the world was stopping, every kind (the
+    /// tracepoint fault backend only).
+    pub faults: u32,
     pub frames: [u64; LAGGARD_FRAMES],
 }
 assert_size!(
@@ -158,11 +162,12 @@ impl LaggardState {
 }
 
 /// A thread holding a P while the world stops (from the M list).
-/// Time a followed thread slept in the kernel (blocked, not runnable) at
-/// one kernel stack: the stopping thread in any phase, a laggard while the
-/// world was stopping. The stack is taken where the thread left the CPU,
-/// so it says what it waited on (the address space's lock, reclaim, page
-/// I/O, a futex).
+/// Time a followed thread spent in the kernel at one kernel stack: the
+/// stopping thread in any phase, a laggard while the world was stopping.
+/// Asleep (blocked, not runnable): the stack is taken where the thread left
+/// the CPU, so it says what it waited on (the address space's lock,
+/// reclaim, page I/O, a futex). Running (`ON_CPU`, from the laggard
+/// sampler): the stack it was interrupted at (a page fault, reclaim).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelWait {
@@ -176,6 +181,12 @@ pub struct KernelWait {
     pub blocked_ns: u64,
 }
 assert_size!(KernelWait, 24);
+
+impl KernelWait {
+    /// In `phase`: time the thread was found running in the kernel by the
+    /// laggard sampler (`blocked_ns` counts its samples' period), not asleep.
+    pub const ON_CPU: u32 = 1 << 8;
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -289,7 +300,7 @@ const NO_LAGGARD: Laggard = Laggard {
     held_samples: 0,
     goid: 0,
     nframes: 0,
-    _pad: 0,
+    faults: 0,
     frames: [0; LAGGARD_FRAMES],
 };
 
@@ -345,7 +356,7 @@ impl PauseDetail {
             last_woken_ns: 0,
             last_in_ns: 0,
             switches: 0,
-            _pad: 0,
+            faults: 0,
         },
         nlaggards: 0,
         laggards_dropped: 0,

@@ -12,18 +12,19 @@ use core::{
 };
 
 use aya_ebpf::{
-    bindings::{BPF_F_NO_PREALLOC, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_F_NO_PREALLOC, BPF_F_REUSE_STACKID, BPF_RB_NO_WAKEUP},
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_loop},
     macros::map,
     maps::{Array, HashMap, LruHashMap, StackTrace},
+    programs::tracing::StackIdContext,
 };
 use tracer_common::{
     compat::COMPAT_MAX_MS,
     counters::Counter,
     event::{EventHeader, EventKind},
     explain::{
-        CALLER_FRAMES, CANDIDATES, Candidate, LAGGARDS, Laggard, MAX_MS, PHASE_STOPPED,
-        PHASE_STOPPING, PauseDetail, PauseThread, StopperTime,
+        CALLER_FRAMES, CANDIDATES, Candidate, KERNEL_WAITS, KernelWait, LAGGARDS, Laggard, MAX_MS,
+        PHASE_STOPPED, PHASE_STOPPING, PauseDetail, PauseThread, StopperTime,
     },
     process::{GoOffsets, TracedProcess},
 };
@@ -373,6 +374,57 @@ pub fn goroutine_frames(g: u64, o: &GoOffsets, l: &mut Laggard) {
     l.nframes = fp_walk(bp, lo, hi, &mut l.frames, 2);
     l.goid = field(g, o.g_goid).unwrap_or(0);
     l.flags |= Laggard::GOROUTINE_FRAMES;
+}
+
+/// The current thread's kernel stack in `PAUSE_STACKS` (where it sleeps or
+/// runs in the kernel), or a negative error.
+#[inline(always)]
+pub fn kernel_stack<C: StackIdContext>(ctx: &C) -> i32 {
+    match ctx.get_stackid(&PAUSE_STACKS, BPF_F_REUSE_STACKID as u64) {
+        Ok(id) => id as i32,
+        Err(e) => {
+            count(Counter::KernelStackFailed);
+            e
+        }
+    }
+}
+
+/// Add `ns` of thread `tid`'s time in the kernel at kernel stack `kstack_id`
+/// to `d`'s waits, under `phase` (`PHASE_*`, with `KernelWait::ON_CPU` for
+/// sampled running).
+#[inline(always)]
+pub fn add_kernel_time(d: &mut PauseDetail, tid: u32, phase: u32, kstack_id: i32, ns: u64) {
+    let n = (d.nwaits as usize).min(KERNEL_WAITS);
+    for i in 0..KERNEL_WAITS {
+        if i >= n {
+            break;
+        }
+        // Opaque index: see `add_candidate`.
+        let Some(w) = d.waits.get_mut(core::hint::black_box(i)) else {
+            break;
+        };
+        if w.tid == tid && w.phase == phase && w.kstack_id == kstack_id {
+            w.count += 1;
+            w.blocked_ns += ns;
+            return;
+        }
+    }
+    match d.waits.get_mut(core::hint::black_box(n)) {
+        Some(w) => {
+            *w = KernelWait {
+                tid,
+                phase,
+                kstack_id,
+                count: 1,
+                blocked_ns: ns,
+            };
+            d.nwaits += 1;
+        }
+        None => {
+            d.waits_dropped += 1;
+            d.waits_dropped_ns += ns;
+        }
+    }
 }
 
 /// The laggard slot of `tid` in `d`: its own, a free one, or the one of the

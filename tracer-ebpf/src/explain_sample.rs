@@ -7,19 +7,28 @@
 //! its user stack taken at the first such sample: the code that keeps it
 //! from stopping (later samples are counted). A sample
 //! after the goroutine reached its safe point (the runtime on g0's stack)
-//! or in the kernel is not taken. Its switch-out (`explain_sched`) only
-//! shows where it finally stopped, which for a loop whose safe point is in
-//! its caller is the caller, not the loop.
+//! is not taken. Its switch-out (`explain_sched`) only shows where it
+//! finally stopped, which for a loop whose safe point is in its caller is
+//! the caller, not the loop.
+//!
+//! A sample in the kernel of such a thread while stopping, or of the
+//! stopping thread in any phase, adds its period to the pause's kernel
+//! time at the kernel stack it interrupted (`KernelWait::ON_CPU`): the time
+//! those threads ran in the kernel (page faults zeroing or copying pages,
+//! reclaim scanning) rather than in Go code.
 
 use aya_ebpf::{
     bindings::{BPF_F_REUSE_STACKID, BPF_F_USER_STACK},
     macros::perf_event,
     programs::{PerfEventContext, tracing::StackIdContext as _},
 };
-use tracer_common::{counters::Counter, explain::PHASE_STOPPING};
+use tracer_common::{
+    counters::Counter,
+    explain::{KernelWait, LAGGARD_SAMPLE_PERIOD_NS, PHASE_STOPPING},
+};
 
 use crate::{
-    explain::{PAUSE_STACKS, any_open, laggard_slot},
+    explain::{PAUSE_STACKS, add_kernel_time, any_open, kernel_stack, laggard_slot},
     explain_sched::{candidate, open_detail},
     fault::current_ids,
     maps::{count, traced},
@@ -36,15 +45,31 @@ pub fn laggard_sample(ctx: PerfEventContext) -> u32 {
     let Some(d) = open_detail(tgid) else {
         return 0;
     };
-    if d.phase != PHASE_STOPPING || tid == d.stop_tid {
-        return 0;
-    }
-    // Only threads that held a P running a goroutine when the stop began:
-    // the others (sysmon, an idle M looking for work) do not delay it.
-    let (m, g) = candidate(d, tid);
     // SAFETY: the kernel hands perf_event programs valid sample data.
     let regs = unsafe { &(*ctx.ctx).regs };
-    if m == 0 || regs.cs & 3 != 3 || regs.r14 != g {
+    let stopper = tid == d.stop_tid;
+    let stopping = d.phase == PHASE_STOPPING;
+    // Only threads that held a P running a goroutine when the stop began:
+    // the others (sysmon, an idle M looking for work) do not delay it.
+    let (m, g) = if stopping && !stopper {
+        candidate(d, tid)
+    } else {
+        (0, 0)
+    };
+    if regs.cs & 3 != 3 {
+        if stopper || m != 0 {
+            let stack = kernel_stack(&ctx);
+            add_kernel_time(
+                d,
+                tid,
+                d.phase | KernelWait::ON_CPU,
+                stack,
+                LAGGARD_SAMPLE_PERIOD_NS,
+            );
+        }
+        return 0;
+    }
+    if m == 0 || regs.r14 != g {
         return 0;
     }
     // On the goroutine's own stack: once it reached its safe point the

@@ -21,16 +21,16 @@ use aya_ebpf::{
 use tracer_common::{
     counters::Counter,
     explain::{
-        CANDIDATES, KERNEL_WAITS, KernelWait, LAGGARDS, Laggard, LaggardState, OffCpu,
-        PHASE_RESTARTING, PHASE_STOPPED, PHASE_STOPPING, PauseDetail, PauseThread,
+        CANDIDATES, LAGGARDS, Laggard, LaggardState, OffCpu, PHASE_RESTARTING, PHASE_STOPPED,
+        PHASE_STOPPING, PauseDetail, PauseThread,
     },
 };
 
 use crate::{
     compat::{TaskBtf, TaskLayoutRegs, UserRegs as _},
     explain::{
-        PAUSE_DETAILS, PAUSE_STACKS, PAUSE_THREADS, any_open, goroutine_frames, laggard_slot, now,
-        walk_ms,
+        PAUSE_DETAILS, PAUSE_STACKS, PAUSE_THREADS, add_kernel_time, any_open, goroutine_frames,
+        kernel_stack, laggard_slot, now, walk_ms,
     },
     fault::current_ids,
     fault_tracepoint,
@@ -295,19 +295,6 @@ fn follow_out(
     }
 }
 
-/// The current thread's kernel stack in `PAUSE_STACKS`, as it goes to
-/// sleep (where it waits: a lock, reclaim, I/O), or a negative error.
-#[inline(always)]
-fn kernel_stack(ctx: &TracePointContext) -> i32 {
-    match ctx.get_stackid(&PAUSE_STACKS, BPF_F_REUSE_STACKID as u64) {
-        Ok(id) => id as i32,
-        Err(e) => {
-            count(Counter::KernelStackFailed);
-            e
-        }
-    }
-}
-
 /// Add `ns` of sleep at `e`'s kernel stack to `d`'s waits: the stopping
 /// thread's in any phase, a laggard's only while the world is stopping (its
 /// sleep after it stopped kept no one waiting).
@@ -316,37 +303,7 @@ fn add_wait(d: &mut PauseDetail, tid: u32, e: &PauseThread, ns: u64) {
     if e.slot != PauseThread::STOPPER && d.phase != PHASE_STOPPING {
         return;
     }
-    let n = (d.nwaits as usize).min(KERNEL_WAITS);
-    for i in 0..KERNEL_WAITS {
-        if i >= n {
-            break;
-        }
-        // Opaque index: see `explain::add_candidate`.
-        let Some(w) = d.waits.get_mut(core::hint::black_box(i)) else {
-            break;
-        };
-        if w.tid == tid && w.phase == e.off_phase && w.kstack_id == e.kstack_id {
-            w.count += 1;
-            w.blocked_ns += ns;
-            return;
-        }
-    }
-    match d.waits.get_mut(core::hint::black_box(n)) {
-        Some(w) => {
-            *w = KernelWait {
-                tid,
-                phase: e.off_phase,
-                kstack_id: e.kstack_id,
-                count: 1,
-                blocked_ns: ns,
-            };
-            d.nwaits += 1;
-        }
-        None => {
-            d.waits_dropped += 1;
-            d.waits_dropped_ns += ns;
-        }
-    }
+    add_kernel_time(d, tid, e.off_phase, e.kstack_id, ns);
 }
 
 /// Whether the current thread left user mode running goroutine `g` on
@@ -454,6 +411,25 @@ pub(crate) fn candidate(d: &PauseDetail, tid: u32) -> (u64, u64) {
         }
     }
     (0, 0)
+}
+
+/// Thread `tid` of a traced process begins a page fault (the tracepoint
+/// fault backend's begin): counted for the stopping thread in any phase and
+/// for a laggard while the world is stopping.
+#[inline(always)]
+pub(crate) fn fault_begins(tid: u32) {
+    if !any_open() {
+        return;
+    }
+    let Some((e, d)) = followed(tid) else {
+        return;
+    };
+    if e.slot == PauseThread::STOPPER {
+        d.stopper.faults += 1;
+    } else if d.phase == PHASE_STOPPING {
+        let slot = laggard_slot(d, tid);
+        d.laggards[slot].faults += 1;
+    }
 }
 
 /// The followed thread of `tid` in an open window, with the detail.

@@ -45,6 +45,9 @@ func main() {
 	if *mmapLockMB > 0 {
 		startMmapLock(*mmapLockMB, *mmapLockHolder)
 	}
+	if *touchMB > 0 {
+		startTouchers(*touchers, *touchMB)
+	}
 	if *spinners > 0 {
 		n := spinIterations(*spinChunk)
 		spin := spinner

@@ -62,3 +62,22 @@ func touchPages(mem []byte) {
 		}
 	}
 }
+
+var (
+	touchMB  = flag.Int("touch-mb", 0, "MiB of fresh memory each toucher keeps dropping and touching again, page by page (page faults that zero a page each, and huge pages where transparent huge pages are on; 0: off)")
+	touchers = flag.Int("touchers", 2, "goroutines touching -touch-mb MiB each")
+)
+
+// startTouchers starts n goroutines, each dropping and touching its own
+// mb MiB mapping again and again.
+func startTouchers(n, mb int) {
+	for i := 0; i < n; i++ {
+		mem, err := syscall.Mmap(-1, 0, mb<<20, syscall.PROT_READ|syscall.PROT_WRITE,
+			syscall.MAP_PRIVATE|syscall.MAP_ANON)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "-touch-mb %d: mmap: %v\n", mb, err)
+			os.Exit(2)
+		}
+		go touchPages(mem)
+	}
+}

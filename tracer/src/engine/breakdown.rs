@@ -3,7 +3,10 @@
 
 use tracer_common::explain::{OffCpu, StopperTime};
 
-use crate::model::{breakdown::Breakdown, kernel_wait::NamedWaits};
+use crate::model::{
+    breakdown::Breakdown,
+    kernel_wait::{KernelTime, NamedWaits},
+};
 
 /// The critical laggard's time from the pause's start until it stopped.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -16,8 +19,8 @@ pub struct LaggardTime {
     /// The stopping thread's stopping-phase off-CPU time when it stopped:
     /// what it had beyond that is its reaction.
     pub stopper_off_before: OffCpu,
-    /// Its blocked time whose kernel stack names it, while stopping.
-    pub named: NamedWaits,
+    /// Its time in the kernel whose kernel stack names it, while stopping.
+    pub kernel: KernelTime,
 }
 
 /// What the breakdown is computed from.
@@ -33,10 +36,10 @@ pub struct Inputs<'a> {
     /// (begin to end), and the blocked part of it.
     pub stopper_fault_ns: u64,
     pub stopper_fault_blocked_ns: u64,
-    /// The stopping thread's blocked time whose kernel stack names it:
-    /// while stopping, and after.
-    pub stopper_named_stopping: NamedWaits,
-    pub stopper_named_stopped: NamedWaits,
+    /// The stopping thread's time in the kernel whose kernel stack names
+    /// it: while stopping, and after.
+    pub stopper_kernel_stopping: KernelTime,
+    pub stopper_kernel_stopped: KernelTime,
 }
 
 /// Name the parts of `blocked` ns of sleep that `named` covers (in `b`'s
@@ -47,6 +50,25 @@ fn name_blocked(b: &mut Breakdown, blocked: u64, named: &mut NamedWaits) -> u64 
     for (part, have) in [
         (&mut b.mmap_lock_ns, &mut named.mmap_lock_ns),
         (&mut b.reclaim_ns, &mut named.reclaim_ns),
+        (&mut b.probe_ns, &mut named.probe_ns),
+    ] {
+        let t = left.take(*have);
+        *part += t;
+        *have -= t;
+    }
+    left.0
+}
+
+/// Name the parts of `on_cpu` ns of running that `named` covers (running in
+/// the kernel: on the address space's lock, in reclaim, in gostw's probe,
+/// in page faults as `minor_faults_ns`), taken out of `named`; what is left
+/// stays running.
+fn name_running(b: &mut Breakdown, on_cpu: u64, named: &mut NamedWaits) -> u64 {
+    let mut left = Budget(on_cpu);
+    for (part, have) in [
+        (&mut b.minor_faults_ns, &mut named.fault_ns),
+        (&mut b.reclaim_ns, &mut named.reclaim_ns),
+        (&mut b.mmap_lock_ns, &mut named.mmap_lock_ns),
         (&mut b.probe_ns, &mut named.probe_ns),
     ] {
         let t = left.take(*have);
@@ -81,8 +103,10 @@ pub fn compute(i: &Inputs) -> Breakdown {
             b.stopping_fault_ns = lag.take(l.fault_ns);
             b.stopping_runnable_ns = lag.take(l.runnable_ns);
             let blocked = lag.take(l.blocked_ns);
-            b.stopping_blocked_ns = name_blocked(&mut b, blocked, &mut { l.named });
-            b.stopping_on_cpu_ns = lag.take(u64::MAX);
+            let mut kernel = l.kernel;
+            b.stopping_blocked_ns = name_blocked(&mut b, blocked, &mut kernel.asleep);
+            let on_cpu = lag.take(u64::MAX);
+            b.stopping_on_cpu_ns = name_running(&mut b, on_cpu, &mut kernel.running);
             // The stopping thread's reaction: what it spent off the CPU
             // after the laggard stopped (waiting for a CPU; asleep on
             // something gostw did not see is unexplained).
@@ -96,12 +120,13 @@ pub fn compute(i: &Inputs) -> Breakdown {
     };
     // The stopping thread's own time in the stopping phase (its reaction,
     // or all of it with no laggard seen).
-    let mut named = i.stopper_named_stopping;
+    let mut kernel = i.stopper_kernel_stopping;
     let runnable0 = s.take(own.runnable_ns);
     b.off_cpu_runnable_ns += runnable0;
     let asleep0 = s.take(own.blocked_ns);
-    b.unexplained_ns += name_blocked(&mut b, asleep0, &mut named);
-    b.on_cpu_ns += s.take(u64::MAX);
+    b.unexplained_ns += name_blocked(&mut b, asleep0, &mut kernel.asleep);
+    let on_cpu0 = s.take(u64::MAX);
+    b.on_cpu_ns += name_running(&mut b, on_cpu0, &mut kernel.running);
     // An off-CPU interval is kept by the phase it began in: one that began
     // before Go's `finishedStopping` and outlasted it (the stopping probe
     // itself can sleep, see `WaitKind::Uprobe`) goes on in the stopped
@@ -111,9 +136,7 @@ pub fn compute(i: &Inputs) -> Breakdown {
     let runnable: u64 =
         later.iter().map(|o| o.runnable_ns).sum::<u64>() + (own.runnable_ns - runnable0);
     let blocked: u64 = later.iter().map(|o| o.blocked_ns).sum::<u64>() + (own.blocked_ns - asleep0);
-    named.mmap_lock_ns += i.stopper_named_stopped.mmap_lock_ns;
-    named.reclaim_ns += i.stopper_named_stopped.reclaim_ns;
-    named.probe_ns += i.stopper_named_stopped.probe_ns;
+    kernel.add(&i.stopper_kernel_stopped);
     // Time inside faults is exact (the fault events); the scheduler's
     // blocked time inside them is their blocked part, and the rest of a
     // fault (handling it, waiting to run again) is taken as the runnable
@@ -123,9 +146,10 @@ pub fn compute(i: &Inputs) -> Breakdown {
     let fault_runnable = runnable.min(fault - fault_blocked);
     b.faults_ns = p.take(fault);
     let asleep = p.take(blocked - fault_blocked);
-    b.off_cpu_blocked_ns = name_blocked(&mut b, asleep, &mut named);
+    b.off_cpu_blocked_ns = name_blocked(&mut b, asleep, &mut kernel.asleep);
     b.off_cpu_runnable_ns += p.take(runnable - fault_runnable);
-    b.on_cpu_ns += p.take(u64::MAX);
+    let on_cpu = p.take(u64::MAX);
+    b.on_cpu_ns += name_running(&mut b, on_cpu, &mut kernel.running);
     b
 }
 
@@ -136,6 +160,13 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
+
+    fn asleep(asleep: NamedWaits) -> KernelTime {
+        KernelTime {
+            asleep,
+            ..KernelTime::default()
+        }
+    }
 
     fn stopper(phase0: (u64, u64), stopped: (u64, u64)) -> StopperTime {
         let mut s = StopperTime::default();
@@ -171,8 +202,8 @@ mod tests {
             stopper: &st,
             stopper_fault_ns: 0,
             stopper_fault_blocked_ns: 0,
-            stopper_named_stopping: NamedWaits::default(),
-            stopper_named_stopped: NamedWaits::default(),
+            stopper_kernel_stopping: KernelTime::default(),
+            stopper_kernel_stopped: KernelTime::default(),
         });
         assert_eq!(b.stopping_on_cpu_ns, 19_400_000);
         assert_eq!(b.off_cpu_runnable_ns, 50_000);
@@ -201,8 +232,8 @@ mod tests {
             stopper: &st,
             stopper_fault_ns: 2_500_000,
             stopper_fault_blocked_ns: 2 * MS,
-            stopper_named_stopping: NamedWaits::default(),
-            stopper_named_stopped: NamedWaits::default(),
+            stopper_kernel_stopping: KernelTime::default(),
+            stopper_kernel_stopped: KernelTime::default(),
         });
         assert_eq!(b.stopping_runnable_ns, 600_000);
         assert_eq!(b.stopping_on_cpu_ns, 400_000);
@@ -225,8 +256,8 @@ mod tests {
             stopper: &st,
             stopper_fault_ns: 0,
             stopper_fault_blocked_ns: 0,
-            stopper_named_stopping: NamedWaits::default(),
-            stopper_named_stopped: NamedWaits::default(),
+            stopper_kernel_stopping: KernelTime::default(),
+            stopper_kernel_stopped: KernelTime::default(),
         });
         assert_eq!(b.off_cpu_runnable_ns, MS);
         assert_eq!(b.off_cpu_blocked_ns, 4 * MS);
@@ -244,7 +275,7 @@ mod tests {
         let named = |mmap_lock_ns, reclaim_ns| NamedWaits {
             mmap_lock_ns,
             reclaim_ns,
-            probe_ns: 0,
+            ..NamedWaits::default()
         };
         let b = compute(&Inputs {
             start_ns: 0,
@@ -253,14 +284,14 @@ mod tests {
             laggard: Some(LaggardTime {
                 stopped_at_ns: 4 * MS,
                 blocked_ns: 3 * MS,
-                named: named(2 * MS, 0),
+                kernel: asleep(named(2 * MS, 0)),
                 ..LaggardTime::default()
             }),
             stopper: &st,
             stopper_fault_ns: 0,
             stopper_fault_blocked_ns: 0,
-            stopper_named_stopping: named(0, 0),
-            stopper_named_stopped: named(0, MS),
+            stopper_kernel_stopping: KernelTime::default(),
+            stopper_kernel_stopped: asleep(named(0, MS)),
         });
         assert_eq!(b.mmap_lock_ns, 2 * MS);
         assert_eq!(b.stopping_blocked_ns, MS);
@@ -277,14 +308,14 @@ mod tests {
             laggard: Some(LaggardTime {
                 stopped_at_ns: 4 * MS,
                 blocked_ns: 3 * MS,
-                named: named(2 * MS, 2 * MS),
+                kernel: asleep(named(2 * MS, 2 * MS)),
                 ..LaggardTime::default()
             }),
             stopper: &st,
             stopper_fault_ns: 0,
             stopper_fault_blocked_ns: 0,
-            stopper_named_stopping: named(0, 0),
-            stopper_named_stopped: named(9 * MS, 0),
+            stopper_kernel_stopping: KernelTime::default(),
+            stopper_kernel_stopped: asleep(named(9 * MS, 0)),
         });
         assert_eq!((b.mmap_lock_ns, b.reclaim_ns), (2 * MS + 5 * MS, MS));
         assert_eq!((b.stopping_blocked_ns, b.off_cpu_blocked_ns), (0, 0));
@@ -305,11 +336,11 @@ mod tests {
             stopper: &st,
             stopper_fault_ns: 0,
             stopper_fault_blocked_ns: 0,
-            stopper_named_stopping: NamedWaits {
+            stopper_kernel_stopping: asleep(NamedWaits {
                 probe_ns: 7_100_000,
                 ..NamedWaits::default()
-            },
-            stopper_named_stopped: NamedWaits::default(),
+            }),
+            stopper_kernel_stopped: KernelTime::default(),
         });
         assert_eq!(b.probe_ns, 7_100_000);
         assert_eq!((b.unexplained_ns, b.off_cpu_blocked_ns), (0, 0));

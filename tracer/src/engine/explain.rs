@@ -8,7 +8,7 @@ use tracer_common::explain::{Laggard, OffCpu};
 use super::breakdown::{self, LaggardTime};
 use crate::model::{
     fault::{Fault, PhaseFaults},
-    kernel_wait::{KernelWaitRecord, NamedWaits, Phase, Sleeper, WaitKind},
+    kernel_wait::{KernelTime, KernelWaitRecord, Phase, Sleeper, WaitKind},
     laggard::{FramesFrom, LaggardRecord, LaggardStateName, RawLaggard},
     pause::PauseRecord,
 };
@@ -49,7 +49,10 @@ pub fn complete(rec: &mut PauseRecord, faults: &[Fault]) {
     // `finishedStopping`: by Go's clock, the stopped phase.
     let mut stopper = input.stopper;
     for w in waits.iter_mut().filter(|w| {
-        w.thread == Sleeper::Stopping && w.kind == WaitKind::Uprobe && w.phase == Phase::Stopping
+        w.thread == Sleeper::Stopping
+            && w.kind == WaitKind::Uprobe
+            && w.phase == Phase::Stopping
+            && !w.on_cpu
     }) {
         w.phase = Phase::Stopped;
         let moved = w.ns.min(stopper.by_phase[0].blocked_ns);
@@ -63,12 +66,12 @@ pub fn complete(rec: &mut PauseRecord, faults: &[Fault]) {
             runnable_ns: l.runnable_ns,
             blocked_ns: l.blocked_ns,
             stopper_off_before: *stopper_off,
-            named: NamedWaits::of(&waits, |w| {
+            kernel: KernelTime::of(&waits, |w| {
                 w.tid == l.tid && w.thread == Sleeper::Laggard && w.phase == Phase::Stopping
             }),
         });
-        let stopper_named = |phase: fn(Phase) -> bool| {
-            NamedWaits::of(&waits, move |w| {
+        let stopper_kernel = |phase: fn(Phase) -> bool| {
+            KernelTime::of(&waits, move |w| {
                 w.thread == Sleeper::Stopping && phase(w.phase)
             })
         };
@@ -89,8 +92,8 @@ pub fn complete(rec: &mut PauseRecord, faults: &[Fault]) {
             stopper: &stopper,
             stopper_fault_ns,
             stopper_fault_blocked_ns,
-            stopper_named_stopping: stopper_named(|p| p == Phase::Stopping),
-            stopper_named_stopped: stopper_named(|p| p != Phase::Stopping),
+            stopper_kernel_stopping: stopper_kernel(|p| p == Phase::Stopping),
+            stopper_kernel_stopped: stopper_kernel(|p| p != Phase::Stopping),
         })));
         if let Some(stats) = &mut rec.faults {
             stats.by_phase = Some(Box::new(by_phase(faults, finished, restart)));
@@ -99,6 +102,7 @@ pub fn complete(rec: &mut PauseRecord, faults: &[Fault]) {
     laggards.truncate(RECORD_LAGGARDS);
     rec.laggards = Some(laggards.into_iter().map(|(l, ..)| l).collect());
     rec.kernel_waits = Some(waits);
+    rec.stopper_page_faults = Some(input.stopper.faults);
 }
 
 /// A laggard's record, when it stopped (at most `stop_end`), and the
@@ -181,6 +185,7 @@ fn laggard(
         frames,
         frames_from,
         held_samples: l.held_samples,
+        page_faults: l.faults,
         stopped_at: l.frames.clone(),
     };
     (rec, until, l.stopper_off_at_out)
@@ -258,6 +263,7 @@ mod tests {
             frames: vec![Frame::unknown(0x99)],
             held: Vec::new(),
             held_samples: 0,
+            faults: 0,
         }
     }
 

@@ -7,7 +7,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use tracer_common::explain::{Laggard, LaggardState, PauseDetail};
+use tracer_common::explain::{KernelWait, Laggard, LaggardState, PauseDetail};
 
 use super::{
     caller,
@@ -194,6 +194,7 @@ impl Stream {
                 frames: self.laggard_frames(image, l),
                 held: self.user_stack(image, l.held_stack_id),
                 held_samples: l.held_samples,
+                faults: l.faults,
             })
             .collect();
         ExplainInput {
@@ -206,7 +207,8 @@ impl Stream {
                 .iter()
                 .map(|w| RawWait {
                     tid: w.tid,
-                    phase: w.phase,
+                    phase: w.phase & !KernelWait::ON_CPU,
+                    on_cpu: w.phase & KernelWait::ON_CPU != 0,
                     count: w.count,
                     blocked_ns: w.blocked_ns,
                     frames: self.kernel_stack(w.kstack_id),

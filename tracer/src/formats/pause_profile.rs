@@ -172,6 +172,7 @@ mod tests {
             frames: vec![frame("main.leaf", true), frame("main.spinLoop", false)],
             frames_from: FramesFrom::Sample,
             held_samples: 6,
+            page_faults: 0,
             stopped_at: vec![],
         }]);
         r.caller = Some(vec![frame("runtime.GC", false), frame("main.main", false)]);

@@ -22,9 +22,12 @@
 //!   `on_cpu_ns` (running: no off-CPU interval covers it; the scheduler
 //!   programs see every switch of that thread while they are attached).
 //!
-//! Blocked time whose kernel stack says it waited for the address space's
-//! lock, for reclaim, or in gostw's own probe (`model::kernel_wait`) is
-//! named `mmap_lock_ns`, `reclaim_ns` or `probe_ns` instead, taken out of the blocked part it was in (the
+//! Time in the kernel whose kernel stack says it waited for (or spun on)
+//! the address space's lock, was in reclaim, in gostw's own probe, or
+//! (running, sampled) in the page-fault path (`model::kernel_wait`) is
+//! named `mmap_lock_ns`, `reclaim_ns`, `probe_ns` or `minor_faults_ns`
+//! instead, taken out of the running part it was in (`stopping_on_cpu_ns`,
+//! `on_cpu_ns`) or taken out of the blocked part it was in (the
 //! laggard's `stopping_blocked_ns`, the stopping thread's
 //! `off_cpu_blocked_ns` or `unexplained_ns`).
 //!
@@ -34,7 +37,7 @@
 use serde::Serialize;
 
 /// The parts' names: the JSON field names without `_ns`.
-pub const PARTS: [&str; 12] = [
+pub const PARTS: [&str; 13] = [
     "stopping_on_cpu",
     "stopping_fault",
     "stopping_runnable",
@@ -45,6 +48,7 @@ pub const PARTS: [&str; 12] = [
     "mmap_lock",
     "reclaim",
     "probe",
+    "minor_faults",
     "on_cpu",
     "unexplained",
 ];
@@ -66,6 +70,9 @@ pub struct Breakdown {
     /// gostw's own probe asleep in the kernel (`WaitKind::Uprobe`): the
     /// cost of tracing inside the pause.
     pub probe_ns: u64,
+    /// Running in the kernel's page-fault path (sampled): zeroing or
+    /// copying pages of minor faults, huge pages, NUMA migration.
+    pub minor_faults_ns: u64,
     pub on_cpu_ns: u64,
     pub unexplained_ns: u64,
 }
@@ -93,6 +100,7 @@ impl Breakdown {
             self.mmap_lock_ns,
             self.reclaim_ns,
             self.probe_ns,
+            self.minor_faults_ns,
             self.on_cpu_ns,
             self.unexplained_ns,
         ];
@@ -116,6 +124,7 @@ impl Breakdown {
         self.mmap_lock_ns += o.mmap_lock_ns;
         self.reclaim_ns += o.reclaim_ns;
         self.probe_ns += o.probe_ns;
+        self.minor_faults_ns += o.minor_faults_ns;
         self.on_cpu_ns += o.on_cpu_ns;
         self.unexplained_ns += o.unexplained_ns;
     }

@@ -1,8 +1,9 @@
-//! Where in the kernel the threads that mattered to a pause slept: the
-//! stopping thread in any phase, the laggards while the world was stopping.
-//! The kernel adds up each thread's blocked time by the kernel stack it
-//! went to sleep at; that stack names what it waited on, and `WaitKind`
-//! reads it.
+//! Where in the kernel the threads that mattered to a pause spent their
+//! time: the stopping thread in any phase, the laggards while the world was
+//! stopping. The kernel adds up each thread's blocked time by the kernel
+//! stack it went to sleep at, and its sampled running in the kernel by the
+//! stack each sample interrupted; that stack names what it waited on or
+//! did, and `WaitKind` reads it.
 
 use serde::Serialize;
 use tracer_common::explain::{PHASE_RESTARTING, PHASE_STOPPED};
@@ -25,6 +26,9 @@ pub enum WaitKind {
     Reclaim,
     /// A page being read in or locked (major faults, file I/O).
     PageIo,
+    /// Handling a page fault in the kernel: zeroing or copying a page
+    /// (minor faults), transparent huge pages, NUMA migration.
+    PageFault,
     /// Writing dirty pages back before more may be dirtied.
     DirtyThrottle,
     /// A futex: Go's own sleep (an M waiting for work or for the world to
@@ -44,6 +48,7 @@ impl WaitKind {
             WaitKind::Uprobe => "uprobe",
             WaitKind::Reclaim => "reclaim",
             WaitKind::PageIo => "page_io",
+            WaitKind::PageFault => "page_fault",
             WaitKind::DirtyThrottle => "dirty_throttle",
             WaitKind::Futex => "futex",
             WaitKind::Unknown => "unknown",
@@ -89,6 +94,9 @@ impl WaitKind {
                 return WaitKind::Futex;
             }
         }
+        if frames.iter().any(|f| is_fault_entry(f)) {
+            return WaitKind::PageFault;
+        }
         WaitKind::Other
     }
 }
@@ -111,6 +119,18 @@ fn is_reclaim(f: &str) -> bool {
                 | "reclaim_high"
                 | "try_charge_memcg"
         )
+}
+
+/// The page-fault path's entry on x86 and arm64.
+fn is_fault_entry(f: &str) -> bool {
+    matches!(
+        f,
+        "handle_mm_fault"
+            | "do_user_addr_fault"
+            | "exc_page_fault"
+            | "asm_exc_page_fault"
+            | "do_page_fault"
+    )
 }
 
 /// Functions through which a thread takes its address space's lock: the
@@ -171,6 +191,8 @@ pub struct RawWait {
     pub phase: u32,
     pub count: u32,
     pub blocked_ns: u64,
+    /// Sampled running, not asleep (`KernelWait::ON_CPU`).
+    pub on_cpu: bool,
     /// Kernel function names, innermost first (empty: not taken).
     pub frames: Vec<String>,
 }
@@ -195,7 +217,7 @@ impl Phase {
 }
 
 /// Whose sleep it was.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Sleeper {
     /// The thread that stopped the world.
@@ -212,7 +234,10 @@ pub struct KernelWaitRecord {
     pub thread: Sleeper,
     pub phase: Phase,
     pub kind: WaitKind,
-    /// Blocked time (asleep until woken), its intervals added up.
+    /// Running in the kernel (sampled: `ns` is `count` samples of 1 ms of
+    /// CPU time), not asleep.
+    pub on_cpu: bool,
+    /// Asleep: blocked time (until woken) over `count` sleeps.
     pub ns: u64,
     pub count: u32,
     /// Its kernel stack below the scheduler, innermost first (at most
@@ -232,6 +257,7 @@ impl KernelWaitRecord {
             },
             phase: Phase::of(w.phase),
             kind: WaitKind::of(&w.frames),
+            on_cpu: w.on_cpu,
             ns: w.blocked_ns,
             count: w.count,
             frames: shown(&w.frames),
@@ -239,13 +265,15 @@ impl KernelWaitRecord {
     }
 }
 
-/// Blocked time that the breakdown names by its kind (the rest stays in
-/// the blocked parts).
+/// Time in the kernel that the breakdown names by its kind (the rest stays
+/// in the blocked or running parts).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NamedWaits {
     pub mmap_lock_ns: u64,
     pub reclaim_ns: u64,
     pub probe_ns: u64,
+    /// Running in the page-fault path (sampled running only).
+    pub fault_ns: u64,
 }
 
 impl NamedWaits {
@@ -260,10 +288,41 @@ impl NamedWaits {
                 WaitKind::MmapLock => n.mmap_lock_ns += w.ns,
                 WaitKind::Reclaim => n.reclaim_ns += w.ns,
                 WaitKind::Uprobe => n.probe_ns += w.ns,
+                WaitKind::PageFault if w.on_cpu => n.fault_ns += w.ns,
                 _ => {}
             }
         }
         n
+    }
+}
+
+/// A thread's named time in the kernel, asleep and running.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelTime {
+    pub asleep: NamedWaits,
+    pub running: NamedWaits,
+}
+
+impl KernelTime {
+    /// The named time of `waits` that `keep` selects.
+    pub fn of(waits: &[KernelWaitRecord], keep: impl Fn(&KernelWaitRecord) -> bool) -> KernelTime {
+        KernelTime {
+            asleep: NamedWaits::of(waits, |w| !w.on_cpu && keep(w)),
+            running: NamedWaits::of(waits, |w| w.on_cpu && keep(w)),
+        }
+    }
+
+    /// Both of `o`'s added to these.
+    pub fn add(&mut self, o: &KernelTime) {
+        for (a, b) in [
+            (&mut self.asleep, &o.asleep),
+            (&mut self.running, &o.running),
+        ] {
+            a.mmap_lock_ns += b.mmap_lock_ns;
+            a.reclaim_ns += b.reclaim_ns;
+            a.probe_ns += b.probe_ns;
+            a.fault_ns += b.fault_ns;
+        }
     }
 }
 
@@ -363,12 +422,33 @@ mod tests {
     }
 
     #[test]
+    fn running_in_the_fault_path_is_a_page_fault() {
+        // Sampled while zeroing a fresh page (a minor fault).
+        let zeroing = names(
+            "clear_page_erms folio_zero_user vma_alloc_anon_folio_pmd do_anonymous_page \
+             __handle_mm_fault handle_mm_fault do_user_addr_fault exc_page_fault",
+        );
+        assert_eq!(WaitKind::of(&zeroing), WaitKind::PageFault);
+        // Reclaim reached from a fault is reclaim.
+        let scanning = names(
+            "shrink_folio_list shrink_lruvec shrink_node try_to_free_mem_cgroup_pages \
+             try_charge_memcg do_anonymous_page handle_mm_fault do_user_addr_fault",
+        );
+        assert_eq!(WaitKind::of(&scanning), WaitKind::Reclaim);
+        assert_eq!(
+            WaitKind::of(&names("copy_user_generic _copy_to_user do_syscall_64")),
+            WaitKind::Other
+        );
+    }
+
+    #[test]
     fn the_breakdown_names_only_mmap_lock_and_reclaim() {
         let w = |tid, kind, ns| KernelWaitRecord {
             tid,
             thread: Sleeper::Laggard,
             phase: Phase::Stopping,
             kind,
+            on_cpu: false,
             ns,
             count: 1,
             frames: Vec::new(),
@@ -378,6 +458,12 @@ mod tests {
             w(7, WaitKind::Reclaim, 3),
             w(7, WaitKind::Futex, 100),
             w(7, WaitKind::Uprobe, 2),
+            KernelWaitRecord {
+                on_cpu: true,
+                ..w(7, WaitKind::PageFault, 11)
+            },
+            // Asleep in a fault for no named reason: not named.
+            w(7, WaitKind::PageFault, 13),
             w(8, WaitKind::MmapLock, 1_000),
         ];
         assert_eq!(
@@ -386,6 +472,7 @@ mod tests {
                 mmap_lock_ns: 5,
                 reclaim_ns: 3,
                 probe_ns: 2,
+                fault_ns: 11,
             }
         );
     }

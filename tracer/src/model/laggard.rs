@@ -28,6 +28,8 @@ pub struct RawLaggard {
     /// world was stopping (empty: never sampled), and how many samples.
     pub held: Vec<Frame>,
     pub held_samples: u32,
+    /// Page faults it began while the world was stopping.
+    pub faults: u32,
 }
 
 /// What the kernel gathered for one pause (`PauseDetail`), for
@@ -99,6 +101,10 @@ pub struct LaggardRecord {
     /// Samples that found it on a CPU while the world was stopping (one per
     /// millisecond of CPU time).
     pub held_samples: u32,
+    /// Page faults it began while the world was stopping, minor and major
+    /// (counted where faults are traced by the tracepoint backend; 0 with
+    /// the kprobe backend, which sees major faults only).
+    pub page_faults: u32,
     /// Where it stopped: its goroutine's stack when it left the thread, else
     /// its thread's user stack at its last switch-out.
     pub stopped_at: Vec<Frame>,

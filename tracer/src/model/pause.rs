@@ -139,6 +139,11 @@ pub struct PauseRecord {
     /// (while stopping) slept, longest first, when pauses are explained.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_waits: Option<Vec<super::kernel_wait::KernelWaitRecord>>,
+    /// Page faults the stopping thread began inside the pause, minor and
+    /// major (the tracepoint fault backend; 0 with the kprobe backend),
+    /// when pauses are explained.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopper_page_faults: Option<u32>,
     /// The pause's duration in named parts (`engine::breakdown`), where the
     /// stopping phase and the scheduler data are known.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -217,6 +222,7 @@ pub fn record(ev: &PauseEvent, clock: WallClock) -> PauseRecord {
         caller: None,
         laggards: None,
         kernel_waits: None,
+        stopper_page_faults: None,
         breakdown: None,
         restarting_ns: None,
         faults: None,
@@ -259,6 +265,7 @@ pub mod tests_support {
             caller: None,
             laggards: None,
             kernel_waits: None,
+            stopper_page_faults: None,
             breakdown: None,
             restarting_ns: None,
             faults: None,

@@ -180,6 +180,7 @@ fn full_pause(pid: u32) -> ObservedPause {
         frames: vec![frame("main.spinLoop")],
         frames_from: FramesFrom::Sample,
         held_samples: 4,
+        page_faults: 12,
         stopped_at: vec![frame("main.spinner")],
     }]);
     r.kernel_waits = Some(vec![KernelWaitRecord {
@@ -187,10 +188,12 @@ fn full_pause(pid: u32) -> ObservedPause {
         thread: Sleeper::Laggard,
         phase: Phase::Stopping,
         kind: WaitKind::MmapLock,
+        on_cpu: false,
         ns: 5,
         count: 1,
         frames: vec!["rwsem_down_read_slowpath".into()],
     }]);
+    r.stopper_page_faults = Some(40);
     r.breakdown = Some(Box::new(Breakdown::default()));
     let swap = FaultTotals {
         faults: 1,

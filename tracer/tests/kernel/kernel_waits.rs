@@ -10,42 +10,69 @@
 //!   breakdown still adds up to its pause;
 //! - the control, the same program without the holder: no pause has a
 //!   sleep on the lock.
+//!
+//! And on the same workload's `-touch-mb` (goroutines dropping and touching
+//! fresh memory page by page, every touch a minor fault that zeroes a page):
+//! - alone, the laggards' time in the kernel's page-fault path is named
+//!   (`minor_faults`, from the laggard sampler's samples in the kernel);
+//! - in a memory cgroup at its limit whose page cache a writer in the same
+//!   cgroup keeps full and partly dirty (no swap), the slow pauses' time is
+//!   mostly reclaim, and none of the lock's parts appear.
 
-use std::process::Command;
+use std::{
+    io::{BufRead as _, BufReader},
+    os::unix::process::CommandExt as _,
+    process::{Child, Command, Stdio},
+};
 
 use serde_json::Value;
 
-use crate::support::{build_workload, gostw_stdout, json_records, newest_go, ns, require_root};
+use crate::{
+    scenario::MemCgroup,
+    support::{
+        build_workload, finish_gostw, gostw_stdout, json_records, newest_go, ns, require_root,
+        start_gostw,
+    },
+};
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
 const MS: u64 = 1_000_000;
 const ON_THE_LOCK: [&str; 2] = ["mmap_lock", "uprobe"];
 
-/// The pause records of `gostw run --json` of the stw workload with the
-/// toucher (and the holder if `holder`), a GC every 40 ms for 3 s.
-fn pauses(holder: bool) -> Vec<Value> {
+/// The pause records of `gostw run --json` of the stw workload with
+/// `args` (GC every 40 ms, no other stops unless `args` say) and `env`.
+fn run(args: &[&str], env: &[(&str, &str)]) -> Vec<Value> {
     let go = newest_go();
     let path = build_workload("stw", &go, "", &[]);
     let stdout = gostw_stdout(
         Command::new(GOSTW)
-            .args(["run", "--json", "--no-faults", "--stacks", "off", "--"])
+            .args(["run", "--json", "--stacks", "off", "--"])
             .arg(&path)
-            .args(["-mmap-lock-mb", "256"])
-            .arg(format!("-mmap-lock-holder={holder}"))
             .args(["-gc", "1", "-readmemstats", "0", "-gomaxprocs", "0"])
-            .args(["-alloc-mb", "0", "-duration", "3s", "-interval", "40ms"]),
-        &format!("Go {}: gostw run (holder {holder})", go.version),
+            .args(["-alloc-mb", "0", "-interval", "40ms"])
+            .args(args)
+            .envs(env.iter().copied()),
+        &format!("Go {}: gostw run {args:?}", go.version),
     );
     json_records(&stdout, "pause")
 }
 
-/// A pause's kernel waits on the address space's lock.
+/// The pauses of the workload with the toucher, and the holder if `holder`,
+/// for 3 s.
+fn pauses(holder: bool) -> Vec<Value> {
+    let holder = format!("-mmap-lock-holder={holder}");
+    run(&["-mmap-lock-mb", "256", &holder, "-duration", "3s"], &[])
+}
+
+/// A pause's sleeps on the address space's lock (a sample of a thread
+/// running in gostw's probe is of kind `uprobe` too, and is not one).
 fn lock_waits(p: &Value) -> Vec<&Value> {
     p["kernel_waits"]
         .as_array()
         .map(|w| {
             w.iter()
                 .filter(|w| ON_THE_LOCK.contains(&w["kind"].as_str().unwrap_or("")))
+                .filter(|w| w["on_cpu"] == false)
                 .collect()
         })
         .unwrap_or_default()
@@ -121,4 +148,324 @@ fn sleeps_on_the_address_space_lock_are_named_and_the_control_has_none() {
         control.len()
     );
     assert!(control.is_empty(), "{:?}", control.first());
+}
+
+/// The pause records of `gostw attach --json` on the stw workload with
+/// `args`, started inside `cgroup` if given and let go once gostw traces it
+/// (`-start-on-signal`), so gostw sees its every pause.
+fn attached(args: &[&str], env: &[(&str, &str)], cgroup: Option<&MemCgroup>) -> Vec<Value> {
+    let go = newest_go();
+    let path = build_workload("stw", &go, "", &[]);
+    let mut cmd = match cgroup {
+        Some(cg) => {
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg(r#"echo $$ > "$0" && exec "$@""#)
+                .arg(cg.path.join("cgroup.procs"))
+                .arg(&path);
+            c
+        }
+        None => Command::new(&path),
+    };
+    let mut workload = cmd
+        .arg("-start-on-signal")
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting the workload");
+    let mut out = BufReader::new(workload.stdout.take().unwrap());
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap() > 0 && !line.contains("GOSTW_WAITING") {
+        line.clear();
+    }
+    let pid = workload.id();
+    let (gostw, stderr) = start_gostw(
+        &[
+            "attach",
+            "--json",
+            "--stacks",
+            "off",
+            "--pid",
+            &pid.to_string(),
+        ],
+        "tracing pid",
+    );
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR1) }, 0);
+    std::io::copy(&mut out, &mut std::io::sink()).unwrap();
+    assert!(workload.wait().unwrap().success(), "the workload failed");
+    let (out, _) = finish_gostw(gostw, stderr);
+    json_records(&String::from_utf8_lossy(&out.stdout), "pause")
+}
+
+/// Summed parts of the breakdowns of the pauses of 1 ms or more, their
+/// summed duration, and how many they are.
+fn slow_parts(pauses: &[Value]) -> (serde_json::Map<String, Value>, u64, usize) {
+    let mut parts = serde_json::Map::new();
+    let mut total = 0;
+    let mut n = 0;
+    for p in pauses.iter().filter(|p| ns(&p["duration_ns"]) >= MS) {
+        let Some(b) = p["breakdown"].as_object() else {
+            continue;
+        };
+        assert_eq!(parts_sum(&p["breakdown"]), ns(&p["duration_ns"]), "{p}");
+        n += 1;
+        total += ns(&p["duration_ns"]);
+        for (k, v) in b {
+            let sum = ns(parts.get(k).unwrap_or(&Value::Null)) + ns(v);
+            parts.insert(k.clone(), sum.into());
+        }
+    }
+    (parts, total, n)
+}
+
+fn ms(parts: &serde_json::Map<String, Value>, part: &str) -> f64 {
+    ns(parts.get(part).unwrap_or(&Value::Null)) as f64 / 1e6
+}
+
+/// The laggards of `pauses` that ran `function`.
+fn laggards_in<'a>(pauses: &'a [Value], function: &str) -> Vec<&'a Value> {
+    pauses
+        .iter()
+        .filter(|p| ns(&p["duration_ns"]) >= MS)
+        .filter_map(|p| p["laggards"].as_array()?.first())
+        .filter(|l| {
+            l["frames"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|f| f["function"] == function))
+        })
+        .collect()
+}
+
+#[test]
+fn minor_faults_of_laggards_are_named_and_a_spinner_has_none() {
+    require_root();
+    // Without asynchronous preemption a goroutine touching 8 MiB page by
+    // page in a loop without calls holds every stop until its loop ends:
+    // 2 048 minor faults, each zeroing a page in the kernel.
+    let nopreempt = [("GODEBUG", "asyncpreemptoff=1")];
+    let touch = run(
+        &[
+            "-touch-mb",
+            "8",
+            "-touchers",
+            "2",
+            "-duration",
+            "3s",
+            "-interval",
+            "20ms",
+        ],
+        &nopreempt,
+    );
+    let (parts, total, n) = slow_parts(&touch);
+    let touchers = laggards_in(&touch, "main.touchPages");
+    let faulted = touchers
+        .iter()
+        .filter(|l| l["page_faults"].as_u64().unwrap_or(0) > 0)
+        .count();
+    eprintln!(
+        "touchers: {} pauses, {n} of 1 ms or more ({:.1} ms), {} held by a toucher, {faulted} \
+         of them with its page faults; minor_faults {:.1} ms, stopping_on_cpu {:.1} ms",
+        touch.len(),
+        total as f64 / 1e6,
+        touchers.len(),
+        ms(&parts, "minor_faults_ns"),
+        ms(&parts, "stopping_on_cpu_ns")
+    );
+    assert!(n >= 10, "{n} slow pauses");
+    assert!(
+        touchers.len() * 2 >= n,
+        "{} of {n} held by a toucher",
+        touchers.len()
+    );
+    assert!(
+        faulted * 10 >= touchers.len() * 8,
+        "{faulted} of {} with faults",
+        touchers.len()
+    );
+    // Seen: 271 of 358 ms.
+    assert!(
+        ms(&parts, "minor_faults_ns") * 2.0 >= total as f64 / 1e6,
+        "{parts:?}"
+    );
+    assert_eq!(
+        ms(&parts, "mmap_lock_ns") + ms(&parts, "reclaim_ns"),
+        0.0,
+        "{parts:?}"
+    );
+
+    // The control: a spinner holds every stop in its own code, no faults.
+    let spin = run(
+        &["-spinners", "1", "-spin-chunk", "20ms", "-duration", "2s"],
+        &nopreempt,
+    );
+    let (parts, total, n) = slow_parts(&spin);
+    eprintln!(
+        "spinner: {} pauses, {n} of 1 ms or more ({:.1} ms); minor_faults {:.1} ms",
+        spin.len(),
+        total as f64 / 1e6,
+        ms(&parts, "minor_faults_ns")
+    );
+    assert!(n >= 10, "{n} slow pauses of the spinner");
+    assert!(
+        ms(&parts, "minor_faults_ns") * 50.0 <= total as f64 / 1e6,
+        "{parts:?}"
+    );
+}
+
+/// A shell in `cgroup` rewriting a 256 MiB file on disk 32 MiB at a time,
+/// never syncing: the cgroup's page cache stays full and mostly dirty, which
+/// its reclaim cannot free without waiting for writeback. Until dropped.
+struct Writer {
+    child: Child,
+    file: std::path::PathBuf,
+}
+
+impl Writer {
+    fn start(cgroup: &MemCgroup) -> Writer {
+        let file =
+            std::path::PathBuf::from(format!("/var/tmp/gostw-reclaim-{}", std::process::id()));
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(
+                r#"echo $$ > "$0" || exit 1
+                i=0
+                while :; do
+                    dd if=/dev/zero of="$1" bs=1M count=32 seek=$((i % 8 * 32)) \
+                        conv=notrunc 2>/dev/null || exit 1
+                    i=$((i + 1))
+                done"#,
+            )
+            .arg(cgroup.path.join("cgroup.procs"))
+            .arg(&file)
+            .process_group(0)
+            .spawn()
+            .expect("starting the writer");
+        Writer { child, file }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // The shell and its dd: the cgroup can go only once both have.
+        // SAFETY: signalling our own child's process group.
+        unsafe { libc::kill(-(self.child.id() as libc::pid_t), libc::SIGKILL) };
+        let _ = self.child.wait();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+/// Reclaim's part of the slow pauses of the touchers (asynchronous
+/// preemption off, so a toucher holds a stop through its faults) in a
+/// 64 MiB memory cgroup with no swap, with or without a writer keeping the
+/// cgroup's page cache full and mostly dirty.
+fn in_a_full_cgroup(writer: bool) -> (Vec<Value>, serde_json::Map<String, Value>, u64, usize) {
+    let cg = MemCgroup::create(if writer {
+        "gostw-reclaim"
+    } else {
+        "gostw-reclaim-control"
+    });
+    if cg.is_v1() {
+        cg.write("memory.limit_in_bytes", "64M");
+        cg.write("memory.swappiness", "0");
+    } else {
+        cg.write("memory.max", "64M");
+        cg.write("memory.swap.max", "0");
+    }
+    let writer = writer.then(|| Writer::start(&cg));
+    // Let the writer fill the cgroup to its limit first.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let pauses = attached(
+        &[
+            "-touch-mb",
+            "8",
+            "-touchers",
+            "2",
+            "-gc",
+            "1",
+            "-readmemstats",
+            "0",
+            "-gomaxprocs",
+            "0",
+            "-alloc-mb",
+            "0",
+            "-duration",
+            "4s",
+            "-interval",
+            "20ms",
+        ],
+        &[("GODEBUG", "asyncpreemptoff=1")],
+        Some(&cg),
+    );
+    // v1 says it in memory.oom_control, v2 in memory.events.
+    let oom: String = ["memory.oom_control", "memory.events"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(cg.path.join(f)).ok())
+        .collect();
+    drop(writer);
+    assert!(
+        !oom.lines()
+            .any(|l| l.strip_prefix("oom_kill ").is_some_and(|n| n.trim() != "0")),
+        "the cgroup killed a process: {oom}"
+    );
+    let (parts, total, n) = slow_parts(&pauses);
+    (pauses, parts, total, n)
+}
+
+#[test]
+fn pauses_of_a_memory_cgroup_at_its_limit_name_reclaim_and_the_control_none() {
+    require_root();
+    let (pauses, parts, total, n) = in_a_full_cgroup(true);
+    let explained = pauses
+        .iter()
+        .filter(|p| ns(&p["duration_ns"]) >= MS && p.get("breakdown").is_some())
+        .filter(|p| ns(&p["breakdown"]["unexplained_ns"]) * 10 <= ns(&p["duration_ns"]))
+        .count();
+    let reclaim_frames = pauses.iter().any(|p| {
+        p["kernel_waits"].as_array().is_some_and(|w| {
+            w.iter().any(|w| {
+                w["kind"] == "reclaim"
+                    && w["frames"].as_array().is_some_and(|f| {
+                        f.iter().filter_map(Value::as_str).any(|f| {
+                            f.starts_with("shrink_")
+                                || f.starts_with("try_to_free")
+                                || f.contains("reclaim")
+                                || f.contains("charge")
+                        })
+                    })
+            })
+        })
+    });
+    eprintln!(
+        "writer: {} pauses, {n} of 1 ms or more ({:.1} ms), {explained} explained to 10%: \
+         reclaim {:.1} ms, minor_faults {:.1} ms, stopping_blocked {:.1} ms",
+        pauses.len(),
+        total as f64 / 1e6,
+        ms(&parts, "reclaim_ns"),
+        ms(&parts, "minor_faults_ns"),
+        ms(&parts, "stopping_blocked_ns"),
+    );
+    assert!(n >= 10, "{n} slow pauses");
+    assert!(
+        explained * 10 >= n * 8,
+        "{explained} of {n} explained to within 10%"
+    );
+    assert!(reclaim_frames, "no reclaim wait with reclaim's frames");
+    // Seen: 18-26% of the slow pauses' time (the rest mostly the page
+    // zeroing of the faults themselves).
+    assert!(
+        ms(&parts, "reclaim_ns") * 10.0 >= total as f64 / 1e6,
+        "{parts:?}"
+    );
+
+    let (pauses, parts, total, n) = in_a_full_cgroup(false);
+    eprintln!(
+        "control: {} pauses, {n} of 1 ms or more ({:.1} ms): reclaim {:.1} ms",
+        pauses.len(),
+        total as f64 / 1e6,
+        ms(&parts, "reclaim_ns"),
+    );
+    assert_eq!(ms(&parts, "reclaim_ns"), 0.0, "{parts:?}");
 }

@@ -80,11 +80,15 @@ impl GrowthSites {
             return;
         }
         let pcs = growth_pcs(ev);
+        // The kernel keys its counts by 32-bit sizes: an event's sizes are
+        // cut the same way, or a size past 4 GiB (a sample that read the
+        // stack bounds while copystack changed them) would count once in
+        // the kernel's row and again as a site it did not count.
         let key = (
             pcs.first().copied().unwrap_or(0),
             pcs.get(1).copied().unwrap_or(0),
-            ev.old_size,
-            ev.new_size,
+            u64::from(ev.old_size as u32),
+            u64::from(ev.new_size as u32),
         );
         let site = self.events.entry(key).or_default();
         let stack = match site.get_mut(pcs) {
@@ -291,5 +295,32 @@ mod tests {
         let r = g.records();
         assert_eq!(r.len(), 1);
         assert_eq!((r[0].events, r[0].bytes, r[0].new_stack), (2, 0, 0));
+    }
+
+    #[test]
+    fn a_size_past_32_bits_is_the_kernels_row_not_a_site_of_its_own() {
+        // Seen once: a sample read the stack bounds while copystack changed
+        // them, old size 0x1_0000_0800; the kernel counted it at 0x800.
+        let mut g = GrowthSites::new(Mode::Sampled);
+        let torn = 0x1_0000_0800;
+        g.add_event(&event(&[0x10, 0x20, 0x30], torn, 0, Mode::Sampled));
+        g.add_event(&event(&[0x10, 0x20, 0x30], 2048, 0, Mode::Sampled));
+        let sampled = |old_size: u32| {
+            let (k, c) = row(0x10, 0x20, 1, 0);
+            (
+                StackSiteKey {
+                    source: StackSource::Sampled as u8,
+                    change: StackChange::Copying as u8,
+                    old_size,
+                    new_size: 0,
+                    ..k
+                },
+                c,
+            )
+        };
+        let rows = [sampled(2048), sampled(torn as u32)];
+        g.set_rows(&rows);
+        let total: u64 = g.records().iter().map(|r| r.events).sum();
+        assert_eq!(total, 2, "{:?}", g.records());
     }
 }

@@ -124,6 +124,9 @@ pub struct ProcessSummary {
     /// pauses are explained and the group has a `cpu.stat`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_throttling: Option<CpuThrottling>,
+    /// Where in the kernel its pauses' threads slept or ran, by kind, most
+    /// time first (when pauses are explained).
+    pub kernel_waits: Vec<pauses::KernelKindSummary>,
 }
 
 /// Events that happened but are missing from the records.
@@ -311,6 +314,7 @@ impl ReportSink {
                     by_reason,
                     worst: p.worst.clone(),
                     cpu_throttling: self.throttling.get(&info.pid).cloned(),
+                    kernel_waits: p.kernel_kinds(),
                 }
             })
             .collect();

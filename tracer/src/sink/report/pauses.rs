@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::engine::caller::CallerSite;
 use crate::model::{
     breakdown::Breakdown,
+    kernel_wait::{Sleeper, WaitKind},
     pause::{PauseRecord, StwReason},
 };
 
@@ -91,18 +92,66 @@ impl ReasonStats {
     }
 }
 
+/// One kind of time in the kernel over a process's pauses: whose, asleep
+/// or running, in how many pauses, how long in all, and the kernel frames
+/// of its longest single entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct KernelKindSummary {
+    pub kind: WaitKind,
+    pub thread: Sleeper,
+    pub on_cpu: bool,
+    pub pauses: u64,
+    pub ns: u64,
+    pub frames: Vec<String>,
+    #[serde(skip)]
+    longest_ns: u64,
+}
+
 /// Every pause of one process, summarised.
 #[derive(Clone, Debug, Default)]
 pub struct ProcessPauses {
     pub by_reason: BTreeMap<StwReason, ReasonStats>,
     /// The longest pauses, longest first (at most `PauseStats::worst_kept`).
     pub worst: Vec<PauseRecord>,
+    /// Time in the kernel by kind, whose and asleep or running.
+    pub kernel: BTreeMap<(WaitKind, Sleeper, bool), KernelKindSummary>,
 }
 
 impl ProcessPauses {
     /// Number of pauses.
     pub fn count(&self) -> u64 {
         self.by_reason.values().map(|s| s.count).sum()
+    }
+
+    /// The kernel's part by kind, most time first.
+    pub fn kernel_kinds(&self) -> Vec<KernelKindSummary> {
+        let mut v: Vec<KernelKindSummary> = self.kernel.values().cloned().collect();
+        v.sort_by(|a, b| b.ns.cmp(&a.ns).then(a.kind.cmp(&b.kind)));
+        v
+    }
+
+    fn add_kernel(&mut self, rec: &PauseRecord) {
+        let mut seen = std::collections::BTreeSet::new();
+        for w in rec.kernel_waits.iter().flatten() {
+            let key = (w.kind, w.thread, w.on_cpu);
+            let k = self.kernel.entry(key).or_insert_with(|| KernelKindSummary {
+                kind: w.kind,
+                thread: w.thread,
+                on_cpu: w.on_cpu,
+                pauses: 0,
+                ns: 0,
+                frames: Vec::new(),
+                longest_ns: 0,
+            });
+            if seen.insert(key) {
+                k.pauses += 1;
+            }
+            k.ns += w.ns;
+            if w.ns > k.longest_ns {
+                k.longest_ns = w.ns;
+                k.frames.clone_from(&w.frames);
+            }
+        }
     }
 
     /// Pauses and summed `duration_ns` of the GC reasons.
@@ -137,6 +186,7 @@ impl PauseStats {
             .entry(rec.stw_reason())
             .or_insert_with(ReasonStats::new)
             .add(rec);
+        p.add_kernel(rec);
         let at = p
             .worst
             .partition_point(|w| w.duration_ns >= rec.duration_ns);

@@ -4,7 +4,12 @@ use super::Summary;
 use crate::{
     engine::caller::CallerSite,
     image::Frame,
-    model::{fault::PauseFaultStats, laggard::LaggardRecord, pause::PauseRecord},
+    model::{
+        fault::PauseFaultStats,
+        kernel_wait::{Sleeper, WaitKind},
+        laggard::LaggardRecord,
+        pause::PauseRecord,
+    },
     units::{fmt_ns, fmt_time_of_day},
 };
 
@@ -47,6 +52,10 @@ pub fn pause_line(p: &PauseRecord) -> String {
         Some(l) => format!("{line}  {}", laggard_text(l)),
         None => line,
     };
+    let line = match kernel_wait_text(p) {
+        Some(w) => format!("{line}  {w}"),
+        None => line,
+    };
     match &p.faults {
         Some(f) if f.all.faults > 0 => format!("{line}  {}", fault_text(f)),
         _ => line,
@@ -82,7 +91,36 @@ fn laggard_text(l: &LaggardRecord) -> String {
     {
         text += &format!(" (stopped in {stopped})");
     }
+    if l.page_faults > 0 {
+        text += &format!(", {} page faults", l.page_faults);
+    }
     text
+}
+
+/// The longest time in the kernel that says why the pause was slow (a
+/// tenth of it or more; Go's own futex sleeps and unnamed ones are left to
+/// the JSON), asleep or running (sampled), e.g. `kernel: stopping thread
+/// slept uprobe 5.42 ms (rwsem_down_read_slowpath <- down_read <-
+/// find_active_uprobe_rcu)`.
+fn kernel_wait_text(p: &PauseRecord) -> Option<String> {
+    let w = p.kernel_waits.as_deref()?.iter().find(|w| {
+        !matches!(
+            w.kind,
+            WaitKind::Futex | WaitKind::Other | WaitKind::Unknown
+        ) && w.ns * 10 >= p.duration_ns
+    })?;
+    let who = match w.thread {
+        Sleeper::Stopping => "stopping thread".to_owned(),
+        Sleeper::Laggard => format!("laggard tid {}", w.tid),
+    };
+    let frames: Vec<&str> = w.frames.iter().take(3).map(String::as_str).collect();
+    Some(format!(
+        "kernel: {who} {} {} {} ({})",
+        if w.on_cpu { "ran" } else { "slept" },
+        w.kind.name(),
+        fmt_ns(w.ns),
+        frames.join(" <- ")
+    ))
 }
 
 /// A pause's faults, e.g. `faults=87 (swap 87) wait=11.9 ms own=9.1 ms
@@ -230,6 +268,36 @@ pub fn summary_text(s: &Summary) -> String {
                 .collect();
             let _ = writeln!(t, "    {:<26} {}", r.name, parts.join(", "));
         }
+        let named: Vec<_> = p
+            .kernel_waits
+            .iter()
+            .filter(|k| {
+                !matches!(
+                    k.kind,
+                    WaitKind::Futex | WaitKind::Other | WaitKind::Unknown
+                )
+            })
+            .collect();
+        if !named.is_empty() {
+            let _ = writeln!(t, "  in the kernel (all pauses):");
+        }
+        for k in named {
+            let who = match k.thread {
+                Sleeper::Stopping => "stopping thread",
+                Sleeper::Laggard => "laggards",
+            };
+            let frames: Vec<&str> = k.frames.iter().take(3).map(String::as_str).collect();
+            let _ = writeln!(
+                t,
+                "    {who} {} {} in {} of {} pauses, {} ({})",
+                if k.on_cpu { "ran" } else { "slept" },
+                k.kind.name(),
+                k.pauses,
+                p.pauses,
+                fmt_ns(k.ns),
+                frames.join(" <- ")
+            );
+        }
         let _ = writeln!(t, "  worst pauses:");
         for w in &p.worst {
             let _ = writeln!(t, "    {}", pause_line(w));
@@ -305,6 +373,47 @@ mod tests {
                 .contains("; began stopping 0, stopped 34, restarting 2 (after the restart)"),
             "{}",
             fault_text(&f)
+        );
+    }
+
+    #[test]
+    fn a_pause_line_names_the_sleep_that_made_it_slow() {
+        use crate::model::{
+            kernel_wait::{KernelWaitRecord, Phase},
+            pause::tests_support::record,
+        };
+        let wait = |kind, ns| KernelWaitRecord {
+            tid: 9,
+            thread: Sleeper::Stopping,
+            phase: Phase::Stopped,
+            kind,
+            on_cpu: false,
+            ns,
+            count: 1,
+            frames: [
+                "rwsem_down_read_slowpath",
+                "down_read",
+                "find_active_uprobe_rcu",
+                "x",
+            ]
+            .map(String::from)
+            .to_vec(),
+        };
+        let mut p = record(9, 0, 8_000_000);
+        // Go's own futex sleep says nothing; a wait under a tenth neither.
+        p.kernel_waits = Some(vec![
+            wait(WaitKind::Futex, 7_000_000),
+            wait(WaitKind::Uprobe, 700_000),
+        ]);
+        assert!(!pause_line(&p).contains("kernel:"), "{}", pause_line(&p));
+        p.kernel_waits = Some(vec![wait(WaitKind::Uprobe, 5_420_000)]);
+        assert!(
+            pause_line(&p).ends_with(
+                "kernel: stopping thread slept uprobe 5.42 ms \
+                 (rwsem_down_read_slowpath <- down_read <- find_active_uprobe_rcu)"
+            ),
+            "{}",
+            pause_line(&p)
         );
     }
 }
