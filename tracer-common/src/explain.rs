@@ -186,6 +186,12 @@ impl KernelWait {
     /// In `phase`: time the thread was found running in the kernel by the
     /// laggard sampler (`blocked_ns` counts its samples' period), not asleep.
     pub const ON_CPU: u32 = 1 << 8;
+    /// `kstack_id` of an interruptible sleep (S): its stack is not taken.
+    /// Go's own futex waits are most of them (the stopping thread sleeps
+    /// and wakes every 100 us while it waits), and a kernel stack costs a
+    /// few hundred ns each; what a pause can wait on in the kernel (locks,
+    /// reclaim, I/O) sleeps uninterruptibly (D).
+    pub const INTERRUPTIBLE: i32 = i32::MIN;
 }
 
 #[repr(C)]

@@ -21,8 +21,8 @@ use aya_ebpf::{
 use tracer_common::{
     counters::Counter,
     explain::{
-        CANDIDATES, LAGGARDS, Laggard, LaggardState, OffCpu, PHASE_RESTARTING, PHASE_STOPPED,
-        PHASE_STOPPING, PauseDetail, PauseThread,
+        CANDIDATES, KernelWait, LAGGARDS, Laggard, LaggardState, OffCpu, PHASE_RESTARTING,
+        PHASE_STOPPED, PHASE_STOPPING, PauseDetail, PauseThread,
     },
 };
 
@@ -188,7 +188,7 @@ fn follow_out(
             off_since_ns: t,
             off_phase: d.phase,
             woken: u32::from(runnable),
-            kstack_id: if runnable { -1 } else { kernel_stack(ctx) },
+            kstack_id: sleep_stack(ctx, state),
             ..PauseThread::default()
         };
         if PAUSE_THREADS.insert(tid, entry, 0).is_err() {
@@ -287,11 +287,22 @@ fn follow_out(
         off_since_ns: t,
         off_phase: d.phase,
         woken: u32::from(runnable),
-        kstack_id: if runnable { -1 } else { kernel_stack(ctx) },
+        kstack_id: sleep_stack(ctx, state),
         ..PauseThread::default()
     };
     if PAUSE_THREADS.insert(tid, entry, 0).is_err() {
         count(Counter::MapFull);
+    }
+}
+
+/// The kernel stack a thread leaving the CPU in `state` sleeps at: taken
+/// for an uninterruptible sleep only (`KernelWait::INTERRUPTIBLE`).
+#[inline(always)]
+fn sleep_stack(ctx: &TracePointContext, state: LaggardState) -> i32 {
+    match state {
+        LaggardState::DiskSleep => kernel_stack(ctx),
+        LaggardState::Sleeping => KernelWait::INTERRUPTIBLE,
+        _ => -1,
     }
 }
 

@@ -189,6 +189,9 @@ impl Engine {
         );
         if opts.explain {
             stream.set_pause_stack_source(Box::new(core.object().take_pause_stacks()?));
+            // Kernel stacks of pauses are named from /proc/kallsyms: read
+            // it now, off the event loop.
+            crate::procfs::kallsyms::KernelSymbols::preload();
         }
         Ok(Engine {
             tracker: Tracker::new(core, limits),

@@ -209,6 +209,7 @@ impl Stream {
                     tid: w.tid,
                     phase: w.phase & !KernelWait::ON_CPU,
                     on_cpu: w.phase & KernelWait::ON_CPU != 0,
+                    interruptible: w.kstack_id == KernelWait::INTERRUPTIBLE,
                     count: w.count,
                     blocked_ns: w.blocked_ns,
                     frames: self.kernel_stack(w.kstack_id),

@@ -34,6 +34,10 @@ pub enum WaitKind {
     /// A futex: Go's own sleep (an M waiting for work or for the world to
     /// stop or start).
     Futex,
+    /// An interruptible sleep (a futex: Go's own waits; a poll; a
+    /// nanosleep): its kernel stack is not taken, for cost (what a pause
+    /// waits on in the kernel sleeps uninterruptibly).
+    Sleep,
     /// The kernel stack could not be taken.
     Unknown,
     /// Anything else (its frames say what).
@@ -51,6 +55,7 @@ impl WaitKind {
             WaitKind::PageFault => "page_fault",
             WaitKind::DirtyThrottle => "dirty_throttle",
             WaitKind::Futex => "futex",
+            WaitKind::Sleep => "sleep",
             WaitKind::Unknown => "unknown",
             WaitKind::Other => "other",
         }
@@ -117,7 +122,6 @@ fn is_reclaim(f: &str) -> bool {
                 | "reclaim_throttle"
                 | "mem_cgroup_handle_over_high"
                 | "reclaim_high"
-                | "try_charge_memcg"
         )
 }
 
@@ -193,6 +197,8 @@ pub struct RawWait {
     pub blocked_ns: u64,
     /// Sampled running, not asleep (`KernelWait::ON_CPU`).
     pub on_cpu: bool,
+    /// An interruptible sleep, its stack not taken.
+    pub interruptible: bool,
     /// Kernel function names, innermost first (empty: not taken).
     pub frames: Vec<String>,
 }
@@ -256,7 +262,11 @@ impl KernelWaitRecord {
                 Sleeper::Laggard
             },
             phase: Phase::of(w.phase),
-            kind: WaitKind::of(&w.frames),
+            kind: if w.interruptible {
+                WaitKind::Sleep
+            } else {
+                WaitKind::of(&w.frames)
+            },
             on_cpu: w.on_cpu,
             ns: w.blocked_ns,
             count: w.count,
@@ -435,6 +445,14 @@ mod tests {
              try_charge_memcg do_anonymous_page handle_mm_fault do_user_addr_fault",
         );
         assert_eq!(WaitKind::of(&scanning), WaitKind::Reclaim);
+        // Charging the page to its memory cgroup is every fault's work;
+        // only reclaiming from there is reclaim (seen: a control run with
+        // no pressure had 2 samples there).
+        let charging = names(
+            "page_counter_try_charge try_charge_memcg __mem_cgroup_charge \
+             do_anonymous_page handle_mm_fault do_user_addr_fault",
+        );
+        assert_eq!(WaitKind::of(&charging), WaitKind::PageFault);
         assert_eq!(
             WaitKind::of(&names("copy_user_generic _copy_to_user do_syscall_64")),
             WaitKind::Other

@@ -106,7 +106,7 @@ fn kernel_wait_text(p: &PauseRecord) -> Option<String> {
     let w = p.kernel_waits.as_deref()?.iter().find(|w| {
         !matches!(
             w.kind,
-            WaitKind::Futex | WaitKind::Other | WaitKind::Unknown
+            WaitKind::Futex | WaitKind::Sleep | WaitKind::Other | WaitKind::Unknown
         ) && w.ns * 10 >= p.duration_ns
     })?;
     let who = match w.thread {
@@ -274,7 +274,7 @@ pub fn summary_text(s: &Summary) -> String {
             .filter(|k| {
                 !matches!(
                     k.kind,
-                    WaitKind::Futex | WaitKind::Other | WaitKind::Unknown
+                    WaitKind::Futex | WaitKind::Sleep | WaitKind::Other | WaitKind::Unknown
                 )
             })
             .collect();
