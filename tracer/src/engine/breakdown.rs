@@ -277,22 +277,26 @@ mod tests {
             reclaim_ns,
             ..NamedWaits::default()
         };
-        let b = compute(&Inputs {
-            start_ns: 0,
-            duration_ns: 10 * MS,
-            stopping_ns: 4 * MS,
-            laggard: Some(LaggardTime {
-                stopped_at_ns: 4 * MS,
-                blocked_ns: 3 * MS,
-                kernel: asleep(named(2 * MS, 0)),
-                ..LaggardTime::default()
-            }),
-            stopper: &st,
-            stopper_fault_ns: 0,
-            stopper_fault_blocked_ns: 0,
-            stopper_kernel_stopping: KernelTime::default(),
-            stopper_kernel_stopped: asleep(named(0, MS)),
-        });
+        // The laggard's and the stopping thread's named sleep.
+        let with = |laggard: KernelTime, stopped: KernelTime| {
+            compute(&Inputs {
+                start_ns: 0,
+                duration_ns: 10 * MS,
+                stopping_ns: 4 * MS,
+                laggard: Some(LaggardTime {
+                    stopped_at_ns: 4 * MS,
+                    blocked_ns: 3 * MS,
+                    kernel: laggard,
+                    ..LaggardTime::default()
+                }),
+                stopper: &st,
+                stopper_fault_ns: 0,
+                stopper_fault_blocked_ns: 0,
+                stopper_kernel_stopping: KernelTime::default(),
+                stopper_kernel_stopped: stopped,
+            })
+        };
+        let b = with(asleep(named(2 * MS, 0)), asleep(named(0, MS)));
         assert_eq!(b.mmap_lock_ns, 2 * MS);
         assert_eq!(b.stopping_blocked_ns, MS);
         assert_eq!(b.stopping_on_cpu_ns, MS);
@@ -301,22 +305,7 @@ mod tests {
         assert_eq!(b.on_cpu_ns, MS);
         assert_eq!(b.total_ns(), 10 * MS);
         // More named than asleep: the sleep is all named, nothing overflows.
-        let b = compute(&Inputs {
-            start_ns: 0,
-            duration_ns: 10 * MS,
-            stopping_ns: 4 * MS,
-            laggard: Some(LaggardTime {
-                stopped_at_ns: 4 * MS,
-                blocked_ns: 3 * MS,
-                kernel: asleep(named(2 * MS, 2 * MS)),
-                ..LaggardTime::default()
-            }),
-            stopper: &st,
-            stopper_fault_ns: 0,
-            stopper_fault_blocked_ns: 0,
-            stopper_kernel_stopping: KernelTime::default(),
-            stopper_kernel_stopped: asleep(named(9 * MS, 0)),
-        });
+        let b = with(asleep(named(2 * MS, 2 * MS)), asleep(named(9 * MS, 0)));
         assert_eq!((b.mmap_lock_ns, b.reclaim_ns), (2 * MS + 5 * MS, MS));
         assert_eq!((b.stopping_blocked_ns, b.off_cpu_blocked_ns), (0, 0));
         assert_eq!(b.total_ns(), 10 * MS);

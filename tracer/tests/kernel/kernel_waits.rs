@@ -30,8 +30,8 @@ use serde_json::Value;
 use crate::{
     scenario::MemCgroup,
     support::{
-        build_workload, finish_gostw, gostw_stdout, json_records, newest_go, ns, require_root,
-        start_gostw,
+        attach_json, build_workload, finish_gostw, gostw_stdout, json_records, newest_go, ns,
+        require_root,
     },
 };
 
@@ -180,17 +180,7 @@ fn attached(args: &[&str], env: &[(&str, &str)], cgroup: Option<&MemCgroup>) -> 
         line.clear();
     }
     let pid = workload.id();
-    let (gostw, stderr) = start_gostw(
-        &[
-            "attach",
-            "--json",
-            "--stacks",
-            "off",
-            "--pid",
-            &pid.to_string(),
-        ],
-        "tracing pid",
-    );
+    let (gostw, stderr) = attach_json(pid);
     // SAFETY: signalling our own child.
     assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR1) }, 0);
     std::io::copy(&mut out, &mut std::io::sink()).unwrap();

@@ -19,7 +19,7 @@ use crate::{
     faults::{Bucket, GcSwapReport, auto_backend, majflt_agrees},
     memory::signal,
     scenario::{GcSwap, MemCgroup, SwapFile, majflt, swap_out},
-    support::{build_workload, finish_gostw, newest_go, require_root, start_gostw},
+    support::{attach_json, build_workload, finish_gostw, newest_go, require_root},
 };
 
 /// Four times `gostw_scenario::PAGEOUT_ARGS`' live heap.
@@ -49,17 +49,7 @@ fn pageout_storm_loses_no_pause_and_counts_every_fault() {
         cgroup.add(pid)
     });
     let pid = workload.pid;
-    let (gostw, stderr) = start_gostw(
-        &[
-            "attach",
-            "--json",
-            "--stacks",
-            "off",
-            "--pid",
-            &pid.to_string(),
-        ],
-        "tracing pid",
-    );
+    let (gostw, stderr) = attach_json(pid);
     // gostw is stopped through each round, as a tracer starved of CPU
     // would be: nothing is read while the round's faults and pauses
     // arrive, so the fault ring fills past half and sheds.

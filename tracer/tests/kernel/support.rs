@@ -358,6 +358,26 @@ pub fn start_gostw(
     (gostw, err)
 }
 
+/// `gostw attach --json --stacks off` on `pid`, started (`start_gostw`).
+pub fn attach_json(
+    pid: u32,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStderr>,
+) {
+    start_gostw(
+        &[
+            "attach",
+            "--json",
+            "--stacks",
+            "off",
+            "--pid",
+            &pid.to_string(),
+        ],
+        "tracing pid",
+    )
+}
+
 /// Wait for a gostw from `start_gostw` to end (by itself, or after a
 /// signal the caller sent); its output and the rest of its standard error,
 /// asserted successful (a failure shows that standard error).
