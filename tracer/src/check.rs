@@ -14,7 +14,7 @@ use aya::{
 };
 use serde::Serialize;
 use tracer_common::{
-    explain::SCHED_PROGRAMS,
+    explain::{LAGGARD_SAMPLER, SCHED_PROGRAMS},
     fault::programs as fault_programs,
     program_names::{STACK_COPY, STACK_SAMPLE, STW_START_RET, STW_STOP, STW_STOPPED},
 };
@@ -26,6 +26,7 @@ use crate::kernel::{
     faults::{self, ensure_tracefs},
     object::Object,
 };
+use crate::procfs::kallsyms::KernelSymbols;
 
 /// How a feature fares here.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -136,6 +137,7 @@ pub fn check() -> CheckReport {
                 "pauses",
                 "stopping phase",
                 "explanation",
+                "kernel waits",
                 "faults",
                 "stack growth (sampled)",
                 "stack growth (exact)",
@@ -225,6 +227,13 @@ fn features(object: &mut Object, compat: &Compat, backend: &BackendChoice) -> Ve
         .map(|&(p, _, _)| (p, Kind::TracePoint))
         .collect();
     feature("explanation", &sched, None);
+    let mut kernel_programs = sched.clone();
+    kernel_programs.push((LAGGARD_SAMPLER, Kind::PerfEvent));
+    feature(
+        "kernel waits",
+        &kernel_programs,
+        kernel_waits_status(backend, KernelSymbols::host()),
+    );
     let layout = compat.layout_error().map(|why| {
         Status::Degraded(format!(
             "user registers cannot be found ({why}): samples in kernel mode are not counted"
@@ -250,6 +259,26 @@ fn features(object: &mut Object, compat: &Compat, backend: &BackendChoice) -> Ve
         variants: Vec::new(),
     });
     out
+}
+
+/// What the kernel waits lose here, if anything: kernel frames unnamed
+/// where `/proc/kallsyms` hides addresses, page-fault counts where the fault
+/// backend does not see every fault.
+fn kernel_waits_status(backend: &BackendChoice, symbols: &KernelSymbols) -> Option<Status> {
+    if symbols.is_empty() {
+        return Some(Status::Degraded(
+            "kernel frames are not named: /proc/kallsyms shows no addresses \
+             (kernel.kptr_restrict, or not root); every wait is kind unknown"
+                .into(),
+        ));
+    }
+    (backend.backend != FaultBackend::Tracepoint).then(|| {
+        Status::Degraded(format!(
+            "page faults are not counted (laggards' page_faults, stopper_page_faults stay 0): \
+             the {} fault backend sees major faults only",
+            backend.backend.name()
+        ))
+    })
 }
 
 #[derive(Clone, Copy)]
@@ -341,4 +370,44 @@ pub fn human(r: &CheckReport) -> String {
     }
     let _ = writeln!(s, "exit status {}", r.exit_code);
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::backend::Support;
+
+    fn backend(backend: FaultBackend) -> BackendChoice {
+        let s = Support {
+            available: true,
+            detail: String::new(),
+        };
+        BackendChoice {
+            backend,
+            reason: String::new(),
+            kprobes: s.clone(),
+            tracepoints: s,
+            file_faults_seen: true,
+        }
+    }
+
+    #[test]
+    fn kernel_waits_say_what_they_lose() {
+        let named = KernelSymbols::parse(&b"ffffffff81000000 T _stext\n"[..]);
+        let hidden = KernelSymbols::parse(&b"0000000000000000 T _stext\n"[..]);
+        assert_eq!(
+            kernel_waits_status(&backend(FaultBackend::Tracepoint), &named),
+            None
+        );
+        let kprobe = kernel_waits_status(&backend(FaultBackend::Kprobe), &named);
+        assert!(
+            matches!(&kprobe, Some(Status::Degraded(why)) if why.contains("kprobe fault backend")),
+            "{kprobe:?}"
+        );
+        let unnamed = kernel_waits_status(&backend(FaultBackend::Tracepoint), &hidden);
+        assert!(
+            matches!(&unnamed, Some(Status::Degraded(why)) if why.contains("/proc/kallsyms")),
+            "{unnamed:?}"
+        );
+    }
 }

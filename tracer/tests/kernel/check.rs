@@ -69,6 +69,7 @@ fn check_answers_match_what_tracing_loads() {
         "pauses",
         "stopping phase",
         "explanation",
+        "kernel waits",
         "stack growth (sampled)",
         "faults",
     ] {
