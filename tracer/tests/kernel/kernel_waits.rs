@@ -12,12 +12,16 @@
 //!   sleep on the lock.
 //!
 //! And on the same workload's `-touch-mb` (goroutines dropping and touching
-//! fresh memory page by page, every touch a minor fault that zeroes a page):
-//! - alone, the laggards' time in the kernel's page-fault path is named
-//!   (`minor_faults`, from the laggard sampler's samples in the kernel);
+//! fresh memory page by page, every touch a minor fault that zeroes a page;
+//! asynchronous preemption off, so a toucher holds a stop through its loop):
+//! - alone, the laggards' page faults are counted and their time in the
+//!   kernel's page-fault path is named (`minor_faults`, from the laggard
+//!   sampler's samples in the kernel); a spinner holding the stops in its
+//!   own code has none;
 //! - in a memory cgroup at its limit whose page cache a writer in the same
-//!   cgroup keeps full and partly dirty (no swap), the slow pauses' time is
-//!   mostly reclaim, and none of the lock's parts appear.
+//!   cgroup keeps full and mostly dirty (no swap), reclaim is named (a tenth
+//!   or more of the slow pauses' time, with reclaim's frames) and the slow
+//!   pauses are explained; the same cgroup without the writer has none.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -151,23 +155,16 @@ fn sleeps_on_the_address_space_lock_are_named_and_the_control_has_none() {
 }
 
 /// The pause records of `gostw attach --json` on the stw workload with
-/// `args`, started inside `cgroup` if given and let go once gostw traces it
-/// (`-start-on-signal`), so gostw sees its every pause.
-fn attached(args: &[&str], env: &[(&str, &str)], cgroup: Option<&MemCgroup>) -> Vec<Value> {
+/// `args` and `env`, started inside `cgroup` and let go once gostw traces
+/// it (`-start-on-signal`), so gostw sees its every pause.
+fn attached(args: &[&str], env: &[(&str, &str)], cgroup: &MemCgroup) -> Vec<Value> {
     let go = newest_go();
     let path = build_workload("stw", &go, "", &[]);
-    let mut cmd = match cgroup {
-        Some(cg) => {
-            let mut c = Command::new("sh");
-            c.arg("-c")
-                .arg(r#"echo $$ > "$0" && exec "$@""#)
-                .arg(cg.path.join("cgroup.procs"))
-                .arg(&path);
-            c
-        }
-        None => Command::new(&path),
-    };
-    let mut workload = cmd
+    let mut workload = Command::new("sh")
+        .arg("-c")
+        .arg(r#"echo $$ > "$0" && exec "$@""#)
+        .arg(cgroup.path.join("cgroup.procs"))
+        .arg(&path)
         .arg("-start-on-signal")
         .args(args)
         .envs(env.iter().copied())
@@ -387,7 +384,7 @@ fn in_a_full_cgroup(writer: bool) -> (Vec<Value>, serde_json::Map<String, Value>
             "20ms",
         ],
         &[("GODEBUG", "asyncpreemptoff=1")],
-        Some(&cg),
+        &cg,
     );
     // v1 says it in memory.oom_control, v2 in memory.events.
     let oom: String = ["memory.oom_control", "memory.events"]
