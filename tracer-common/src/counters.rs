@@ -49,8 +49,9 @@ pub enum Counter {
     /// probe (its return-probe instances ran out). Entries add one, returns
     /// take one away, on whatever CPU: the sum over CPUs is what counts.
     FaultReturnsPending = 14,
-    /// The kernel stack of a followed thread going to sleep inside a pause
-    /// could not be recorded (`bpf_get_stackid`): its wait has no kind.
+    /// The kernel stack of a followed thread asleep or sampled in the kernel
+    /// inside a pause could not be recorded (`bpf_get_stackid`): that time
+    /// has no kind.
     KernelStackFailed = 15,
 }
 

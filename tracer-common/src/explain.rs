@@ -161,7 +161,6 @@ impl LaggardState {
     }
 }
 
-/// A thread holding a P while the world stops (from the M list).
 /// Time a followed thread spent in the kernel at one kernel stack: the
 /// stopping thread in any phase, a laggard while the world was stopping.
 /// Asleep (blocked, not runnable): the stack is taken where the thread left
@@ -194,6 +193,7 @@ impl KernelWait {
     pub const INTERRUPTIBLE: i32 = i32::MIN;
 }
 
+/// A thread holding a P while the world stops (from the M list).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Candidate {

@@ -427,6 +427,47 @@ pub fn add_kernel_time(d: &mut PauseDetail, tid: u32, phase: u32, kstack_id: i32
     }
 }
 
+/// The detail of an open window of `tgid`.
+#[inline(always)]
+pub(crate) fn open_detail(tgid: u32) -> Option<&'static mut PauseDetail> {
+    let d = PAUSE_DETAILS.get_ptr_mut(tgid)?;
+    // SAFETY: a pointer into the map's value; only this process's probes
+    // and threads touch it, and a torn update skews one pause's figures.
+    let d = unsafe { &mut *d };
+    (d.open != 0).then_some(d)
+}
+
+/// The followed thread of `tid` in an open window, with the detail.
+#[inline(always)]
+pub(crate) fn followed(tid: u32) -> Option<(&'static mut PauseThread, &'static mut PauseDetail)> {
+    let e = PAUSE_THREADS.get_ptr_mut(tid)?;
+    // SAFETY: this thread's entry; only its own events touch it.
+    let e = unsafe { &mut *e };
+    match open_detail(e.tgid) {
+        Some(d) if d.stop_ts_ns == e.stop_ts_ns => Some((e, d)),
+        _ => None,
+    }
+}
+
+/// Thread `tid` of a traced process begins a page fault (the tracepoint
+/// fault backend's begin): counted for the stopping thread in any phase and
+/// for a laggard while the world is stopping.
+#[inline(always)]
+pub(crate) fn fault_begins(tid: u32) {
+    if !any_open() {
+        return;
+    }
+    let Some((e, d)) = followed(tid) else {
+        return;
+    };
+    if e.slot == PauseThread::STOPPER {
+        d.stopper.faults += 1;
+    } else if d.phase == PHASE_STOPPING {
+        let slot = laggard_slot(d, tid);
+        d.laggards[slot].faults += 1;
+    }
+}
+
 /// The laggard slot of `tid` in `d`: its own, a free one, or the one of the
 /// laggard that left the CPU earliest (counted as dropped).
 #[inline(always)]

@@ -28,8 +28,8 @@ use tracer_common::{
 };
 
 use crate::{
-    explain::{PAUSE_STACKS, add_kernel_time, any_open, kernel_stack, laggard_slot},
-    explain_sched::{candidate, open_detail},
+    explain::{PAUSE_STACKS, add_kernel_time, any_open, kernel_stack, laggard_slot, open_detail},
+    explain_sched::candidate,
     fault::current_ids,
     maps::{count, traced},
     stack::field,

@@ -29,8 +29,8 @@ use tracer_common::{
 use crate::{
     compat::{TaskBtf, TaskLayoutRegs, UserRegs as _},
     explain::{
-        PAUSE_DETAILS, PAUSE_STACKS, PAUSE_THREADS, add_kernel_time, any_open, goroutine_frames,
-        kernel_stack, laggard_slot, now, walk_ms,
+        PAUSE_STACKS, PAUSE_THREADS, add_kernel_time, any_open, followed, goroutine_frames,
+        kernel_stack, laggard_slot, now, open_detail, walk_ms,
     },
     fault::current_ids,
     fault_tracepoint,
@@ -115,16 +115,6 @@ pub fn explain_waking(ctx: TracePointContext) -> u32 {
     }
     woken(pid as u32, t);
     0
-}
-
-/// The detail of an open window of `tgid`.
-#[inline(always)]
-pub(crate) fn open_detail(tgid: u32) -> Option<&'static mut PauseDetail> {
-    let d = PAUSE_DETAILS.get_ptr_mut(tgid)?;
-    // SAFETY: a pointer into the map's value; only this process's probes
-    // and threads touch it, and a torn update skews one pause's figures.
-    let d = unsafe { &mut *d };
-    (d.open != 0).then_some(d)
 }
 
 fn state_of(prev_state: i64) -> LaggardState {
@@ -422,37 +412,6 @@ pub(crate) fn candidate(d: &PauseDetail, tid: u32) -> (u64, u64) {
         }
     }
     (0, 0)
-}
-
-/// Thread `tid` of a traced process begins a page fault (the tracepoint
-/// fault backend's begin): counted for the stopping thread in any phase and
-/// for a laggard while the world is stopping.
-#[inline(always)]
-pub(crate) fn fault_begins(tid: u32) {
-    if !any_open() {
-        return;
-    }
-    let Some((e, d)) = followed(tid) else {
-        return;
-    };
-    if e.slot == PauseThread::STOPPER {
-        d.stopper.faults += 1;
-    } else if d.phase == PHASE_STOPPING {
-        let slot = laggard_slot(d, tid);
-        d.laggards[slot].faults += 1;
-    }
-}
-
-/// The followed thread of `tid` in an open window, with the detail.
-#[inline(always)]
-fn followed(tid: u32) -> Option<(&'static mut PauseThread, &'static mut PauseDetail)> {
-    let e = PAUSE_THREADS.get_ptr_mut(tid)?;
-    // SAFETY: this thread's entry; only its own events touch it.
-    let e = unsafe { &mut *e };
-    match open_detail(e.tgid) {
-        Some(d) if d.stop_ts_ns == e.stop_ts_ns => Some((e, d)),
-        _ => None,
-    }
 }
 
 /// Thread `tid` is woken: the blocked part of its interval ends.

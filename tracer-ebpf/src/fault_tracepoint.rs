@@ -182,7 +182,7 @@ fn fault_begins(ctx: &TracePointContext, flags: u32) -> u32 {
     slot.address = field(ctx, PF_ADDRESS);
     slot.ip = field(ctx, PF_IP);
     slot.reads_issued = 0;
-    crate::explain_sched::fault_begins(tid);
+    crate::explain::fault_begins(tid);
     0
 }
 

@@ -42,33 +42,16 @@ pub struct Inputs<'a> {
     pub stopper_kernel_stopped: KernelTime,
 }
 
-/// Name the parts of `blocked` ns of sleep that `named` covers (in `b`'s
-/// `mmap_lock_ns`, `reclaim_ns` and `probe_ns`, taken out of `named`); what
-/// is left stays blocked.
-fn name_blocked(b: &mut Breakdown, blocked: u64, named: &mut NamedWaits) -> u64 {
-    let mut left = Budget(blocked);
-    for (part, have) in [
-        (&mut b.mmap_lock_ns, &mut named.mmap_lock_ns),
-        (&mut b.reclaim_ns, &mut named.reclaim_ns),
-        (&mut b.probe_ns, &mut named.probe_ns),
-    ] {
-        let t = left.take(*have);
-        *part += t;
-        *have -= t;
-    }
-    left.0
-}
-
-/// Name the parts of `on_cpu` ns of running that `named` covers (running in
-/// the kernel: on the address space's lock, in reclaim, in gostw's probe,
-/// in page faults as `minor_faults_ns`), taken out of `named`; what is left
-/// stays running.
-fn name_running(b: &mut Breakdown, on_cpu: u64, named: &mut NamedWaits) -> u64 {
-    let mut left = Budget(on_cpu);
+/// Name the parts of `ns` (asleep, or running) that `named` covers, in
+/// `b`'s `minor_faults_ns` (running only: asleep has none), `mmap_lock_ns`,
+/// `reclaim_ns` and `probe_ns`, taken out of `named`; what is left stays
+/// in the part it was in.
+fn name(b: &mut Breakdown, ns: u64, named: &mut NamedWaits) -> u64 {
+    let mut left = Budget(ns);
     for (part, have) in [
         (&mut b.minor_faults_ns, &mut named.fault_ns),
-        (&mut b.reclaim_ns, &mut named.reclaim_ns),
         (&mut b.mmap_lock_ns, &mut named.mmap_lock_ns),
+        (&mut b.reclaim_ns, &mut named.reclaim_ns),
         (&mut b.probe_ns, &mut named.probe_ns),
     ] {
         let t = left.take(*have);
@@ -104,9 +87,9 @@ pub fn compute(i: &Inputs) -> Breakdown {
             b.stopping_runnable_ns = lag.take(l.runnable_ns);
             let blocked = lag.take(l.blocked_ns);
             let mut kernel = l.kernel;
-            b.stopping_blocked_ns = name_blocked(&mut b, blocked, &mut kernel.asleep);
+            b.stopping_blocked_ns = name(&mut b, blocked, &mut kernel.asleep);
             let on_cpu = lag.take(u64::MAX);
-            b.stopping_on_cpu_ns = name_running(&mut b, on_cpu, &mut kernel.running);
+            b.stopping_on_cpu_ns = name(&mut b, on_cpu, &mut kernel.running);
             // The stopping thread's reaction: what it spent off the CPU
             // after the laggard stopped (waiting for a CPU; asleep on
             // something gostw did not see is unexplained).
@@ -124,9 +107,9 @@ pub fn compute(i: &Inputs) -> Breakdown {
     let runnable0 = s.take(own.runnable_ns);
     b.off_cpu_runnable_ns += runnable0;
     let asleep0 = s.take(own.blocked_ns);
-    b.unexplained_ns += name_blocked(&mut b, asleep0, &mut kernel.asleep);
+    b.unexplained_ns += name(&mut b, asleep0, &mut kernel.asleep);
     let on_cpu0 = s.take(u64::MAX);
-    b.on_cpu_ns += name_running(&mut b, on_cpu0, &mut kernel.running);
+    b.on_cpu_ns += name(&mut b, on_cpu0, &mut kernel.running);
     // An off-CPU interval is kept by the phase it began in: one that began
     // before Go's `finishedStopping` and outlasted it (the stopping probe
     // itself can sleep, see `WaitKind::Uprobe`) goes on in the stopped
@@ -146,10 +129,10 @@ pub fn compute(i: &Inputs) -> Breakdown {
     let fault_runnable = runnable.min(fault - fault_blocked);
     b.faults_ns = p.take(fault);
     let asleep = p.take(blocked - fault_blocked);
-    b.off_cpu_blocked_ns = name_blocked(&mut b, asleep, &mut kernel.asleep);
+    b.off_cpu_blocked_ns = name(&mut b, asleep, &mut kernel.asleep);
     b.off_cpu_runnable_ns += p.take(runnable - fault_runnable);
     let on_cpu = p.take(u64::MAX);
-    b.on_cpu_ns += name_running(&mut b, on_cpu, &mut kernel.running);
+    b.on_cpu_ns += name(&mut b, on_cpu, &mut kernel.running);
     b
 }
 
