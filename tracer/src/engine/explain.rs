@@ -102,6 +102,7 @@ pub fn complete(rec: &mut PauseRecord, faults: &[Fault]) {
     laggards.truncate(RECORD_LAGGARDS);
     rec.laggards = Some(laggards.into_iter().map(|(l, ..)| l).collect());
     rec.kernel_waits = Some(waits);
+    rec.kernel_waits_dropped_ns = (input.waits_dropped_ns > 0).then_some(input.waits_dropped_ns);
     rec.stopper_page_faults = Some(input.stopper.faults);
 }
 
@@ -289,6 +290,7 @@ mod tests {
             ],
             laggards_dropped: 0,
             waits: Vec::new(),
+            waits_dropped_ns: 0,
         }));
         let faults = [
             fault(2, 101 * MS, 106 * MS, 5 * MS),
@@ -333,6 +335,7 @@ mod tests {
             laggards: vec![raw(2, 104 * MS, (MS, 0))],
             laggards_dropped: 0,
             waits: Vec::new(),
+            waits_dropped_ns: 0,
         }));
         complete(&mut rec, &[]);
         assert!(rec.breakdown.is_none());
@@ -363,6 +366,7 @@ mod tests {
             ],
             laggards_dropped: 0,
             waits: Vec::new(),
+            waits_dropped_ns: 0,
         }));
         let faults = [fault(3, 101 * MS, 106 * MS, 5 * MS)];
         complete(&mut rec, &faults);
@@ -398,6 +402,7 @@ mod tests {
             laggards: vec![sampled, raw(3, 0, (0, 0))],
             laggards_dropped: 0,
             waits: Vec::new(),
+            waits_dropped_ns: 0,
         }));
         complete(&mut rec, &[]);
         let l = rec.laggards.as_ref().unwrap();
@@ -427,6 +432,7 @@ mod tests {
             laggards: vec![l],
             laggards_dropped: 0,
             waits: Vec::new(),
+            waits_dropped_ns: 0,
         }));
         complete(&mut rec, &[]);
         let l = &rec.laggards.as_ref().unwrap()[0];

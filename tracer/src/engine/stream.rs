@@ -215,6 +215,7 @@ impl Stream {
                     frames: self.kernel_stack(w.kstack_id),
                 })
                 .collect(),
+            waits_dropped_ns: d.waits_dropped_ns,
         }
     }
 

@@ -42,8 +42,10 @@ pub struct ExplainInput {
     pub stopper: StopperTime,
     pub laggards: Vec<RawLaggard>,
     pub laggards_dropped: u32,
-    /// Where in the kernel the followed threads slept.
+    /// Where in the kernel the followed threads slept, and the time of the
+    /// waits the kernel had no slot left for.
     pub waits: Vec<super::kernel_wait::RawWait>,
+    pub waits_dropped_ns: u64,
 }
 
 /// How a laggard spent the time until it stopped, by its largest part.

@@ -139,6 +139,10 @@ pub struct PauseRecord {
     /// (while stopping) slept, longest first, when pauses are explained.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_waits: Option<Vec<super::kernel_wait::KernelWaitRecord>>,
+    /// Time in the kernel not in `kernel_waits`: the kernel keeps 8 of them
+    /// a pause (absent when none was left out).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_waits_dropped_ns: Option<u64>,
     /// Page faults the stopping thread began inside the pause, minor and
     /// major (the tracepoint fault backend; 0 with the kprobe backend),
     /// when pauses are explained.
@@ -222,6 +226,7 @@ pub fn record(ev: &PauseEvent, clock: WallClock) -> PauseRecord {
         caller: None,
         laggards: None,
         kernel_waits: None,
+        kernel_waits_dropped_ns: None,
         stopper_page_faults: None,
         breakdown: None,
         restarting_ns: None,
@@ -265,6 +270,7 @@ pub mod tests_support {
             caller: None,
             laggards: None,
             kernel_waits: None,
+            kernel_waits_dropped_ns: None,
             stopper_page_faults: None,
             breakdown: None,
             restarting_ns: None,

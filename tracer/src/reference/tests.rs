@@ -194,6 +194,7 @@ fn full_pause(pid: u32) -> ObservedPause {
         frames: vec!["rwsem_down_read_slowpath".into()],
     }]);
     r.stopper_page_faults = Some(40);
+    r.kernel_waits_dropped_ns = Some(1_000);
     r.breakdown = Some(Box::new(Breakdown::default()));
     let swap = FaultTotals {
         faults: 1,
