@@ -116,7 +116,7 @@ fn sleeps_on_the_address_space_lock_are_named_and_the_control_has_none() {
         }
         waiting += usize::from(!waits.is_empty());
     }
-    // The slow pauses' time is mostly named (seen: 82-149 of 83-155 ms).
+    // The slow pauses' time is mostly named (seen: 70-149 of 76-155 ms).
     let slow: Vec<&Value> = with
         .iter()
         .filter(|p| ns(&p["duration_ns"]) >= MS && p.get("breakdown").is_some())
@@ -440,7 +440,7 @@ fn pauses_of_a_memory_cgroup_at_its_limit_name_reclaim_and_the_control_none() {
         "{explained} of {n} explained to within 10%"
     );
     assert!(reclaim_frames, "no reclaim wait with reclaim's frames");
-    // Seen: 19-28% of the slow pauses' time (the rest mostly the page
+    // Seen: 19-40% of the slow pauses' time (the rest mostly the page
     // zeroing of the faults themselves).
     assert!(
         ms(&parts, "reclaim_ns") * 10.0 >= total as f64 / 1e6,
