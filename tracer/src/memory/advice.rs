@@ -26,6 +26,11 @@ pub const NEAR_LIMIT_SHARE: f64 = 0.9;
 pub const SUGGESTED_SHARE_OF_LIMIT: f64 = 0.9;
 /// Pause advice: faults took at least this share of all pause time...
 pub const PAUSE_FAULT_SHARE_MIN: f64 = 0.10;
+/// A pause this long or longer is slow (reclaim and mmap_lock advice).
+pub const SLOW_PAUSE_NS: u64 = 1_000_000;
+/// Reclaim or mmap_lock advice: that part took at least this share of the
+/// slow pauses' time (and `PAUSE_FAULT_MIN_NS` in all).
+pub const KERNEL_PART_SHARE_MIN: f64 = 0.10;
 /// ...and at least this much time in all.
 pub const PAUSE_FAULT_MIN_NS: u64 = 1_000_000;
 /// Throttling advice: at least this share of CFS periods throttled...
@@ -42,6 +47,8 @@ pub const THROTTLED_IN_PAUSES_MIN_NS: u64 = 1_000_000;
 pub enum AdviceKind {
     GcMetadataSwapped,
     PauseFaults,
+    Reclaim,
+    MmapLock,
     StackGrowth,
     Throttling,
 }
@@ -75,6 +82,19 @@ pub struct PauseEvidence {
     /// (the longest pause may have had none).
     pub most_faulted_pause_ns: u64,
     pub most_faulted_pause_fault_ns: u64,
+    /// Explained pauses of `SLOW_PAUSE_NS` or more, and their time.
+    pub slow_pauses: u64,
+    pub slow_pause_ns: u64,
+    /// Of those, the ones whose breakdown has a `reclaim` part, and that
+    /// part added up.
+    pub slow_pauses_reclaim: u64,
+    pub reclaim_ns: u64,
+    /// The same for the `mmap_lock` part, and for sleeps in gostw's own
+    /// probe (`kernel_waits` of kind `uprobe`, asleep: the probe's lookup
+    /// sleeps only on that lock), counted with it.
+    pub slow_pauses_mmap_lock: u64,
+    pub mmap_lock_ns: u64,
+    pub probe_lock_ns: u64,
 }
 
 /// The top stack-growth site.
@@ -141,6 +161,10 @@ pub fn advice(exposure: &Exposure, evidence: &Evidence) -> Vec<Advice> {
             .as_ref()
             .and_then(|p| pause_faults(exposure, p)),
     );
+    if let Some(p) = &evidence.pauses {
+        out.extend(reclaim(exposure, p));
+        out.extend(mmap_lock(p));
+    }
     out.extend(evidence.throttling.as_ref().and_then(throttling));
     out.extend(evidence.stack_growth.as_ref().and_then(stack_growth));
     out
@@ -299,6 +323,93 @@ fn metadata_actions(e: &Exposure) -> Vec<String> {
         a.push("turn swap off for the process's cgroup, or give it more memory".into());
     }
     a
+}
+
+/// `part` of the slow pauses is worth advice: its time and share.
+fn kernel_part(p: &PauseEvidence, part_ns: u64) -> Option<f64> {
+    let share = part_ns as f64 / p.slow_pause_ns.max(1) as f64;
+    (part_ns >= PAUSE_FAULT_MIN_NS && share >= KERNEL_PART_SHARE_MIN).then_some(share)
+}
+
+/// "n of m slow pauses (1 ms or more) waited on WHAT: x ms of their y ms (z%)".
+fn slow_share(p: &PauseEvidence, n: u64, what: &str, part_ns: u64, share: f64) -> String {
+    format!(
+        "{n} of {} slow pauses ({} or more) waited on {what}: {} of their {} ({})",
+        p.slow_pauses,
+        fmt_short_duration(SLOW_PAUSE_NS),
+        fmt_ms(part_ns),
+        fmt_ms(p.slow_pause_ns),
+        fmt_pct(share.min(1.0))
+    )
+}
+
+/// Slow pauses that waited while a thread they needed freed memory.
+fn reclaim(e: &Exposure, p: &PauseEvidence) -> Option<Advice> {
+    let share = kernel_part(p, p.reclaim_ns)?;
+    let mut evidence = slow_share(p, p.slow_pauses_reclaim, "reclaim", p.reclaim_ns, share);
+    let group = e.cgroup.as_ref().filter(|c| c.dir.is_some());
+    let limit = group.and_then(|c| c.effective_limit).and_then(Limit::bytes);
+    let at_limit = match (group.and_then(|c| c.usage_bytes), limit) {
+        (Some(u), Some(l)) => u as f64 >= NEAR_LIMIT_SHARE * l as f64,
+        _ => false,
+    };
+    if let Some(c) = group {
+        evidence += &format!("; {}", cgroup_summary(c));
+        if let Some(pc) = c.page_cache {
+            evidence += &format!(
+                ", page cache {} ({} dirty, {} under writeback)",
+                fmt_bytes(pc.bytes),
+                fmt_bytes(pc.dirty_bytes),
+                fmt_bytes(pc.writeback_bytes)
+            );
+        }
+    }
+    let (finding, action) = match (group, limit) {
+        (Some(c), Some(l)) if at_limit => (
+            format!(
+                "slow pauses waited on reclaim in memory cgroup {} at its limit: a thread the stop waited for had to free the group's memory before it got a fresh page",
+                c.path
+            ),
+            format!(
+                "give the group room for the program and the page cache it keeps (limit {}), or keep that page cache small: dirty pages (a writer in the group: logs, files) make reclaim wait for the disk, so write them back sooner (fdatasync, O_DIRECT) or move the writer to a group of its own{}",
+                fmt_bytes(l),
+                if c.version == CgroupVersion::V2 {
+                    "; memory.high below memory.max lets the kernel reclaim before the hard limit, outside the pauses"
+                } else {
+                    ""
+                }
+            ),
+        ),
+        _ => (
+            "slow pauses waited on reclaim: a thread the stop waited for had to free memory before it got a fresh page".to_owned(),
+            "the host (or the group) is short of free memory: free some, or have kswapd start earlier (vm.watermark_scale_factor, vm.min_free_kbytes) so allocating threads reclaim less themselves".to_owned(),
+        ),
+    };
+    Some(Advice {
+        kind: AdviceKind::Reclaim,
+        finding,
+        evidence,
+        action,
+    })
+}
+
+/// Slow pauses that waited for the process's address-space lock.
+fn mmap_lock(p: &PauseEvidence) -> Option<Advice> {
+    let ns = p.mmap_lock_ns + p.probe_lock_ns;
+    let share = kernel_part(p, ns)?;
+    let mut evidence = slow_share(p, p.slow_pauses_mmap_lock, "mmap_lock", ns, share);
+    if p.probe_lock_ns > 0 {
+        evidence += &format!(
+            "; {} of it in gostw's own probe, whose lookup waits for the same lock (--no-stopping keeps that probe out of the pause)",
+            fmt_ms(p.probe_lock_ns)
+        );
+    }
+    Some(Advice {
+        kind: AdviceKind::MmapLock,
+        finding: "slow pauses waited for the process's address-space lock (mmap_lock): another thread held it for writing while a thread the stop needed took a page fault".into(),
+        evidence,
+        action: "find what maps, unmaps or changes the protection of memory in the process while GCs run (a cgo library's mmap, munmap or mprotect, madvise of large ranges): each call holds the lock for writing over its whole range; make such calls fewer or smaller, or keep them off the hot path; the pauses' kernel_waits show where they waited".into(),
+    })
 }
 
 fn pause_faults(e: &Exposure, p: &PauseEvidence) -> Option<Advice> {

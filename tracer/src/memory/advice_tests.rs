@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::memory::{
     ArenaSummary, ClassUsage, HostMemory, MetadataReads, Source, Usage,
-    cgroup::{CgroupMemory, CgroupVersion, Limit},
+    cgroup::{CgroupMemory, CgroupVersion, Limit, PageCache},
 };
 
 fn usage(resident: u64, swapped: u64) -> Usage {
@@ -76,6 +76,7 @@ fn v1_group(usage: u64, limit: u64) -> CgroupMemory {
         swap_limit: Some(Limit::Max),
         swap_current_bytes: Some(90 << 20),
         swappiness: Some(60),
+        page_cache: None,
         events: BTreeMap::new(),
         notes: vec![],
     }
@@ -206,7 +207,133 @@ fn pauses(pause_ms: u64, fault_ms: u64) -> PauseEvidence {
         fault_ns_in_pauses: fault_ms * 1_000_000,
         most_faulted_pause_ns: 8_000_000,
         most_faulted_pause_fault_ns: 6_000_000,
+        ..PauseEvidence::default()
     }
+}
+
+/// 14 slow pauses of 52 ms in all, 12 of them with `reclaim_ms` of reclaim,
+/// 3 with `lock_ms` waiting for mmap_lock; no major faults.
+fn kernel_pauses(reclaim_ms: u64, lock_ms: u64) -> PauseEvidence {
+    PauseEvidence {
+        pauses: 40,
+        pause_ns: 60_000_000,
+        slow_pauses: 14,
+        slow_pause_ns: 52_000_000,
+        slow_pauses_reclaim: 12,
+        reclaim_ns: reclaim_ms * 1_000_000,
+        slow_pauses_mmap_lock: 3,
+        mmap_lock_ns: lock_ms * 1_000_000,
+        ..PauseEvidence::default()
+    }
+}
+
+fn kinds(a: &[Advice]) -> Vec<AdviceKind> {
+    a.iter().map(|a| a.kind).collect()
+}
+
+#[test]
+fn reclaim_in_a_group_at_its_limit_names_the_group_and_its_page_cache() {
+    let mut group = v1_group(63 << 20, 64 << 20);
+    group.path = "/gostw-reclaim".into();
+    group.page_cache = Some(PageCache {
+        bytes: 50 << 20,
+        dirty_bytes: 30 << 20,
+        writeback_bytes: 8 << 20,
+    });
+    let ev = Evidence {
+        pauses: Some(kernel_pauses(38, 0)),
+        ..Evidence::default()
+    };
+    let a = advice(&exposure(0, 0, Some(group.clone())), &ev);
+    assert_eq!(kinds(&a), [AdviceKind::Reclaim]);
+    let r = &a[0];
+    assert!(
+        r.finding
+            .contains("memory cgroup /gostw-reclaim at its limit"),
+        "{}",
+        r.finding
+    );
+    for part in [
+        "12 of 14 slow pauses (1.0 ms or more) waited on reclaim: 38.0 ms of their 52.0 ms (73.1%)",
+        "usage 63.0 MiB, limit 64.0 MiB",
+        "page cache 50.0 MiB (30.0 MiB dirty, 8.0 MiB under writeback)",
+    ] {
+        assert!(r.evidence.contains(part), "{part:?} in {}", r.evidence);
+    }
+    assert!(r.action.contains("limit 64.0 MiB"), "{}", r.action);
+    assert!(
+        !r.action.contains("memory.high"),
+        "v1 has none: {}",
+        r.action
+    );
+    // v2 adds memory.high.
+    let v2 = CgroupMemory {
+        page_cache: group.page_cache,
+        ..v2_group(63 << 20, 64 << 20)
+    };
+    let a = advice(&exposure(0, 0, Some(v2)), &ev);
+    assert!(a[0].action.contains("memory.high"), "{}", a[0].action);
+    // Far from its limit, the group is not blamed.
+    let a = advice(&exposure(0, 0, Some(v1_group(10 << 20, 1 << 30))), &ev);
+    assert!(!a[0].finding.contains("at its limit"), "{}", a[0].finding);
+    assert!(
+        a[0].action.contains("vm.watermark_scale_factor"),
+        "{}",
+        a[0].action
+    );
+}
+
+#[test]
+fn kernel_parts_under_either_threshold_give_nothing() {
+    for (reclaim, lock) in [(0, 0), (5, 5)] {
+        // 5 ms of 52: under 10%.
+        let ev = Evidence {
+            pauses: Some(kernel_pauses(reclaim, lock)),
+            ..Evidence::default()
+        };
+        assert!(advice(&exposure(0, 0, None), &ev).is_empty());
+    }
+    // 10% of a short total, but under 1 ms in all.
+    let mut p = kernel_pauses(0, 0);
+    p.slow_pause_ns = 5_000_000;
+    p.reclaim_ns = 900_000;
+    let ev = Evidence {
+        pauses: Some(p),
+        ..Evidence::default()
+    };
+    assert!(advice(&exposure(0, 0, None), &ev).is_empty());
+}
+
+#[test]
+fn mmap_lock_waits_name_the_lock_and_what_holds_it() {
+    let ev = Evidence {
+        pauses: Some(kernel_pauses(0, 20)),
+        ..Evidence::default()
+    };
+    let a = advice(&exposure(0, 0, None), &ev);
+    assert_eq!(kinds(&a), [AdviceKind::MmapLock]);
+    assert!(
+        a[0].evidence
+            .contains("3 of 14 slow pauses (1.0 ms or more) waited on mmap_lock: 20.0 ms"),
+        "{}",
+        a[0].evidence
+    );
+    assert!(a[0].action.contains("munmap"), "{}", a[0].action);
+    assert!(!a[0].evidence.contains("probe"), "{}", a[0].evidence);
+    // Sleeps in gostw's own probe count, and are told apart.
+    let mut p = kernel_pauses(0, 2);
+    p.probe_lock_ns = 6_000_000;
+    let ev = Evidence {
+        pauses: Some(p),
+        ..Evidence::default()
+    };
+    let a = advice(&exposure(0, 0, None), &ev);
+    assert!(
+        a[0].evidence
+            .contains("waited on mmap_lock: 8.0 ms of their 52.0 ms (15.4%); 6.0 ms of it in gostw's own probe"),
+        "{}",
+        a[0].evidence
+    );
 }
 
 #[test]

@@ -100,10 +100,43 @@ pub struct CgroupMemory {
     pub swap_current_bytes: Option<u64>,
     /// `memory.swappiness` (v1; v2 has none, the host's `vm.swappiness` applies).
     pub swappiness: Option<u64>,
+    /// The group's page cache, from `memory.stat`.
+    pub page_cache: Option<PageCache>,
     /// Limit events: v2 `memory.events` (high, max, oom, oom_kill), v1
     /// `failcnt` and `memsw_failcnt`.
     pub events: BTreeMap<String, u64>,
     pub notes: Vec<String>,
+}
+
+/// A memory cgroup's page cache (the group and its children): what reclaim
+/// frees first, unless it is dirty or under writeback (then reclaim waits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PageCache {
+    /// v1 `total_cache`, v2 `file`.
+    pub bytes: u64,
+    /// v1 `total_dirty`, v2 `file_dirty`.
+    pub dirty_bytes: u64,
+    /// v1 `total_writeback`, v2 `file_writeback`.
+    pub writeback_bytes: u64,
+}
+
+impl PageCache {
+    /// From `memory.stat`'s keys (`cache`, `dirty`, `writeback` with v1's
+    /// hierarchical `total_` prefix, or v2's `file` keys).
+    fn of(stat: &BTreeMap<String, u64>, version: CgroupVersion) -> Option<PageCache> {
+        let key = |v1: &str, v2: &str| match version {
+            CgroupVersion::V1 => stat
+                .get(&format!("total_{v1}"))
+                .or_else(|| stat.get(v1))
+                .copied(),
+            CgroupVersion::V2 => stat.get(v2).copied(),
+        };
+        Some(PageCache {
+            bytes: key("cache", "file")?,
+            dirty_bytes: key("dirty", "file_dirty").unwrap_or(0),
+            writeback_bytes: key("writeback", "file_writeback").unwrap_or(0),
+        })
+    }
 }
 
 /// Where the cgroup hierarchies are mounted, from `/proc/self/mountinfo`.
@@ -256,6 +289,7 @@ fn empty(version: CgroupVersion, path: String, dir: Option<PathBuf>) -> CgroupMe
         swap_limit: None,
         swap_current_bytes: None,
         swappiness: None,
+        page_cache: None,
         events: BTreeMap::new(),
         notes: Vec::new(),
     }
@@ -285,6 +319,7 @@ fn read_v1(
         .get("hierarchical_memory_limit")
         .map(|&v| Limit::from_v1(v))
         .or(limit);
+    c.page_cache = PageCache::of(&stat, CgroupVersion::V1);
     c.swappiness = n("memory.swappiness");
     match (n("memory.memsw.limit_in_bytes"), n("memory.memsw.usage_in_bytes")) {
         (Some(memsw_limit), Some(memsw_usage)) => {
@@ -350,6 +385,8 @@ fn read_v2(
     c.events = read(&dir.join("memory.events"))
         .map(|s| keyed(&s))
         .unwrap_or_default();
+    c.page_cache =
+        read(&dir.join("memory.stat")).and_then(|s| PageCache::of(&keyed(&s), CgroupVersion::V2));
     // The tightest memory.max up to the mount's root.
     let top = mounts
         .v2

@@ -214,3 +214,40 @@ fn a_group_outside_the_mounted_root_is_not_guessed() {
         None
     );
 }
+
+#[test]
+fn page_cache_from_memory_stat_the_group_and_its_children() {
+    // v1: the hierarchical `total_` figures, not the group's own.
+    let mut entries = v1_files("4096\n", GIB, "4096\n", GIB);
+    entries.retain(|(f, _)| !f.ends_with("memory.stat"));
+    entries.push((
+        format!("{V1_DIR}/memory.stat"),
+        "cache 1048576\ndirty 4096\nwriteback 0\nrss 0\n\
+         total_cache 52428800\ntotal_dirty 31457280\ntotal_writeback 8388608\n"
+            .into(),
+    ));
+    let c = read_with(V1_PROC_CGROUP, HYBRID_MOUNTINFO, &entries).unwrap();
+    assert_eq!(
+        c.page_cache,
+        Some(PageCache {
+            bytes: 50 << 20,
+            dirty_bytes: 30 << 20,
+            writeback_bytes: 8 << 20,
+        })
+    );
+    // v2 names them `file*` (and they are hierarchical already).
+    let stat = "anon 1000\nfile 20971520\nkernel 0\nfile_dirty 4194304\nfile_writeback 1048576\n";
+    let entries = v2_entries(&[("/sys/fs/cgroup/system.slice/api.service/memory.stat", stat)]);
+    let c = read_with(V2_PROC_CGROUP, V2_MOUNTINFO, &entries).unwrap();
+    assert_eq!(
+        c.page_cache,
+        Some(PageCache {
+            bytes: 20 << 20,
+            dirty_bytes: 4 << 20,
+            writeback_bytes: 1 << 20,
+        })
+    );
+    // No memory.stat: unknown, not zero.
+    let c = read_with(V2_PROC_CGROUP, V2_MOUNTINFO, &v2_entries(&[])).unwrap();
+    assert_eq!(c.page_cache, None);
+}

@@ -40,10 +40,10 @@ pub mod watch;
 
 pub use self::{
     advice::{
-        Advice, AdviceKind, Evidence, PauseEvidence, StackGrowthEvidence, StackSite,
+        Advice, AdviceKind, Evidence, PauseEvidence, SLOW_PAUSE_NS, StackGrowthEvidence, StackSite,
         ThrottlingEvidence, advice,
     },
-    cgroup::{CgroupMemory, CgroupVersion, Limit},
+    cgroup::{CgroupMemory, CgroupVersion, Limit, PageCache},
     classes::{ClassUsage, MemoryClass, Part, Source, Usage},
     executable::Executable,
     read::ReadOptions,

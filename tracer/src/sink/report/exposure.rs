@@ -10,13 +10,13 @@ use serde::Serialize;
 
 use crate::{
     memory::{
-        Advice, Evidence, Exposure, HostSwapDelta, MemoryClass, PauseEvidence, StackGrowthEvidence,
-        StackSite, ThrottlingEvidence, advice,
+        Advice, Evidence, Exposure, HostSwapDelta, MemoryClass, PauseEvidence, SLOW_PAUSE_NS,
+        StackGrowthEvidence, StackSite, ThrottlingEvidence, advice,
         render::{render_advice, render_exposure},
         watch::{ExposureReading, ReadAt},
     },
-    model::observed::ObservedPause,
     model::throttling::CpuThrottling,
+    model::{kernel_wait::WaitKind, observed::ObservedPause},
     stackgrowth::StackGrowthSummary,
     units::fmt_bytes,
 };
@@ -116,6 +116,23 @@ impl ExposureReport {
         e.fault_ns_in_pauses += all.fault_ns;
         *e.swap_in_faults_in_pauses.get_or_insert(0) += all.swap_in;
         *e.file_faults_in_pauses.get_or_insert(0) += all.file_backed;
+        if let Some(b) = p.record.breakdown.as_deref().filter(|_| d >= SLOW_PAUSE_NS) {
+            e.slow_pauses += 1;
+            e.slow_pause_ns += d;
+            e.slow_pauses_reclaim += u64::from(b.reclaim_ns > 0);
+            e.reclaim_ns += b.reclaim_ns;
+            let probe_lock_ns: u64 = p
+                .record
+                .kernel_waits
+                .iter()
+                .flatten()
+                .filter(|w| w.kind == WaitKind::Uprobe && !w.on_cpu)
+                .map(|w| w.ns)
+                .sum();
+            e.slow_pauses_mmap_lock += u64::from(b.mmap_lock_ns + probe_lock_ns > 0);
+            e.mmap_lock_ns += b.mmap_lock_ns;
+            e.probe_lock_ns += probe_lock_ns;
+        }
         w.kinds_unknown |= all.unknown_kind > 0;
         if all.fault_ns > e.most_faulted_pause_fault_ns {
             e.most_faulted_pause_ns = d;
