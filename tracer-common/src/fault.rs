@@ -112,8 +112,14 @@ pub struct FaultState {
     pub off_own: u32,
     /// kprobe backend: the last attempt returned VM_FAULT_RETRY.
     pub retry_pending: u32,
+    /// Tracepoint backend, explained processes: the kernel stack
+    /// (`PAUSE_STACKS`) of the sleep in progress (`off_since_ns` set), so a
+    /// stop that begins while the thread sleeps there can name the sleep.
+    /// -1: none.
+    pub sleep_stack_id: i32,
+    pub _pad: u32,
 }
-assert_size!(FaultState, 8 * 8 + 4 * 4);
+assert_size!(FaultState, 8 * 8 + 6 * 4);
 
 /// Kernel struct offsets the kprobe backend reads, from the kernel's BTF:
 /// index 0 of the `FAULT_LAYOUT` array, written by user space when the

@@ -30,6 +30,7 @@ use tracer_common::{
 };
 
 use crate::{
+    fault::state_mut,
     maps::{MAX_TRACED, PAUSE_EVENTS, count},
     stack::{field, read},
 };
@@ -60,6 +61,13 @@ pub static PAUSE_STACKS: StackTrace = StackTrace::with_max_entries(4096, 0);
 /// high (the programs then do their lookups: slower, never wrong).
 #[map]
 pub static PAUSES_OPEN: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Whether process `tgid`'s pauses are explained.
+#[inline(always)]
+pub fn explained(tgid: u32) -> bool {
+    // SAFETY: only whether an entry exists is read.
+    unsafe { PAUSE_DETAILS.get(tgid) }.is_some()
+}
 
 /// Whether any explained process is inside a pause.
 #[inline(always)]
@@ -291,6 +299,16 @@ extern "C" fn ms_step(_index: u64, ctx: *mut c_void) -> i64 {
     0
 }
 
+/// The kernel stack of thread `tid`'s sleep inside a page fault, if it
+/// sleeps in one now (tracepoint fault backend), else -1.
+#[inline(always)]
+fn asleep_in_fault(tid: u32) -> i32 {
+    match state_mut(tid) {
+        Some(s) if s.off_since_ns != 0 => s.sleep_stack_id,
+        _ => -1,
+    }
+}
+
 #[inline(always)]
 fn add_candidate(d: &mut PauseDetail, tid: u32, m: u64, g: u64, tgid: u32, since: u64) {
     let n = d.ncandidates as usize;
@@ -327,7 +345,7 @@ fn add_candidate(d: &mut PauseDetail, tid: u32, m: u64, g: u64, tgid: u32, since
         off_since_ns: since,
         off_phase: PHASE_STOPPING,
         flags: Laggard::CANDIDATE | Laggard::OFF_AT_START,
-        kstack_id: -1,
+        kstack_id: asleep_in_fault(tid),
         ..PauseThread::default()
     };
     if PAUSE_THREADS.insert(tid, t, 0).is_err() {

@@ -69,6 +69,7 @@ pub fn begin(tid: u32, address: u64, ip: u64, flags: u32) {
         address,
         ip,
         flags,
+        sleep_stack_id: -1,
         ..FaultState::default()
     };
     if FAULT_STATE.insert(tid, state, 0).is_err() {

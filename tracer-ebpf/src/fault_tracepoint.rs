@@ -118,6 +118,20 @@ fn open_interval(state: &mut FaultState) {
     state.off_own = u32::from(state.flags & FaultEvent::FLAG_OWN_IO != 0);
 }
 
+/// The kernel stack the current thread, of an explained process, goes to
+/// sleep at inside its fault (-1 for other processes: nobody reads it).
+/// Taken here, outside pauses too, because a stop that begins while the
+/// thread sleeps sees no switch-out of it.
+#[inline(always)]
+fn sleep_stack(ctx: &TracePointContext) -> i32 {
+    let (tgid, _) = current_ids();
+    if crate::explain::explained(tgid) {
+        crate::explain::kernel_stack(ctx)
+    } else {
+        -1
+    }
+}
+
 /// The thread runs again (or its fault ended): close its open interval.
 #[inline(always)]
 fn close_interval(state: &mut FaultState) {
@@ -155,6 +169,7 @@ fn state_of(b: &FaultBegin) -> FaultState {
         ip: b.ip,
         flags: b.flags,
         reads_issued: b.reads_issued,
+        sleep_stack_id: -1,
         ..FaultState::default()
     }
 }
@@ -291,7 +306,7 @@ pub fn switched<R: UserRegs>(ctx: &TracePointContext) {
         // Sleeping or preempted (it may resume on another CPU) in the fault.
         let preempted = prev_state & STATE_LETTERS == 0;
         if (blocked || preempted) && still_in_fault::<R>(slot.flags, slot.ip) {
-            promote(tid, slot, blocked);
+            promote(ctx, tid, slot, blocked);
         }
         return;
     }
@@ -306,6 +321,7 @@ pub fn switched<R: UserRegs>(ctx: &TracePointContext) {
     }
     if still_in_fault::<R>(state.flags, state.ip) {
         open_interval(state);
+        state.sleep_stack_id = sleep_stack(ctx);
         sleepers_add(1);
     } else {
         // A fault the thread was preempted in, which then ended minor (no
@@ -317,10 +333,11 @@ pub fn switched<R: UserRegs>(ctx: &TracePointContext) {
 /// Move the fault of a slot into `FAULT_STATE` for thread `tid`, which
 /// leaves the CPU asleep (`blocked`) or preempted.
 #[inline(always)]
-fn promote(tid: u32, slot: &FaultBegin, blocked: bool) {
+fn promote(ctx: &TracePointContext, tid: u32, slot: &FaultBegin, blocked: bool) {
     let mut state = state_of(slot);
     if blocked {
         open_interval(&mut state);
+        state.sleep_stack_id = sleep_stack(ctx);
     }
     if FAULT_STATE.insert(tid, state, 0).is_err() {
         count(Counter::MapFull);

@@ -67,8 +67,9 @@ func touchPages(mem []byte) {
 }
 
 var (
-	touchMB  = flag.Int("touch-mb", 0, "MiB of fresh memory each toucher keeps dropping and touching again, page by page (page faults that zero a page each, and huge pages where transparent huge pages are on; 0: off)")
-	touchers = flag.Int("touchers", 2, "goroutines touching -touch-mb MiB each")
+	touchMB   = flag.Int("touch-mb", 0, "MiB of fresh memory each toucher keeps dropping and touching again, page by page (page faults that zero a page each, and huge pages where transparent huge pages are on; 0: off)")
+	touchers  = flag.Int("touchers", 2, "goroutines touching -touch-mb MiB each")
+	touchHuge = flag.Bool("touch-huge", false, "ask for transparent huge pages for the touchers' memory (madvise MADV_HUGEPAGE; in effect where /sys/kernel/mm/transparent_hugepage/enabled is madvise or always): a fault then zeroes and charges 2 MiB at once")
 )
 
 // startTouchers starts n goroutines, each dropping and touching its own
@@ -80,6 +81,12 @@ func startTouchers(n, mb int) {
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "-touch-mb %d: mmap: %v\n", mb, err)
 			os.Exit(2)
+		}
+		if *touchHuge {
+			if err := syscall.Madvise(mem, 14 /* MADV_HUGEPAGE */); err != nil {
+				fmt.Fprintf(os.Stderr, "-touch-huge: madvise: %v\n", err)
+				os.Exit(2)
+			}
 		}
 		go touchPages(mem)
 	}

@@ -19,12 +19,14 @@
 //!   kernel's page-fault path is named (`minor_faults`, from the laggard
 //!   sampler's samples in the kernel); a spinner holding the stops in its
 //!   own code has none;
-//! - in a memory cgroup at its limit whose page cache a writer in the same
-//!   cgroup keeps full and mostly dirty (no swap), reclaim is named (a tenth
-//!   or more of the slow pauses' time, with reclaim's frames), the slow
-//!   pauses are explained, and the summary's advice names the group at its
-//!   limit and its page cache; the same cgroup without the writer has
-//!   neither.
+//! - touching huge pages (`-touch-huge`, Go's asynchronous preemption on,
+//!   so a stop waits only for the fault a toucher is in) in a memory cgroup
+//!   at its limit whose page cache a writer in the same cgroup keeps full
+//!   and mostly dirty (no swap): reclaim, with reclaim's frames, is the main
+//!   part of the slow pauses, which are explained, the sleeps of touchers
+//!   already in reclaim when the stop began are named too, and the
+//!   summary's advice names the group at its limit and its page cache; the
+//!   same cgroup without the writer has neither.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -383,11 +385,39 @@ impl Drop for Writer {
     }
 }
 
-/// Reclaim's part of the slow pauses of the touchers (asynchronous
-/// preemption off, so a toucher holds a stop through its faults) in a
+/// Transparent huge pages where a program asks for them (`madvise`), for
+/// as long as this lives (the setting before is put back).
+struct HugePagesOnRequest(Option<String>);
+
+const THP: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
+
+impl HugePagesOnRequest {
+    fn new() -> HugePagesOnRequest {
+        let now = std::fs::read_to_string(THP).unwrap_or_else(|e| panic!("{THP}: {e}"));
+        if now.contains("[never]") {
+            std::fs::write(THP, "madvise").unwrap_or_else(|e| panic!("{THP}: {e}"));
+            let word = now.split_whitespace().find(|w| w.starts_with('['));
+            return HugePagesOnRequest(word.map(|w| w.trim_matches(['[', ']']).to_owned()));
+        }
+        HugePagesOnRequest(None)
+    }
+}
+
+impl Drop for HugePagesOnRequest {
+    fn drop(&mut self) {
+        if let Some(before) = &self.0 {
+            let _ = std::fs::write(THP, before);
+        }
+    }
+}
+
+/// The slow pauses of two touchers of huge pages (Go's own asynchronous
+/// preemption on: a stop waits only for the fault a toucher is in) in a
 /// 64 MiB memory cgroup with no swap, with or without a writer keeping the
-/// cgroup's page cache full and mostly dirty.
+/// cgroup's page cache full and mostly dirty: the trace, the group's path
+/// and the summed parts of the slow pauses.
 fn in_a_full_cgroup(writer: bool) -> (Trace, String, serde_json::Map<String, Value>, u64, usize) {
+    let _huge = HugePagesOnRequest::new();
     let cg = MemCgroup::create(if writer {
         "gostw-reclaim"
     } else {
@@ -407,6 +437,7 @@ fn in_a_full_cgroup(writer: bool) -> (Trace, String, serde_json::Map<String, Val
         &[
             "-touch-mb",
             "8",
+            "-touch-huge",
             "-touchers",
             "2",
             "-gc",
@@ -418,11 +449,11 @@ fn in_a_full_cgroup(writer: bool) -> (Trace, String, serde_json::Map<String, Val
             "-alloc-mb",
             "0",
             "-duration",
-            "4s",
+            "10s",
             "-interval",
             "20ms",
         ],
-        &[("GODEBUG", "asyncpreemptoff=1")],
+        &[],
         &cg,
     );
     // v1 says it in memory.oom_control, v2 in memory.events.
@@ -466,27 +497,39 @@ fn pauses_of_a_memory_cgroup_at_its_limit_name_reclaim_and_the_control_none() {
             })
         })
     });
+    // Sleeps of laggards whose kernel stack is not known: a toucher asleep
+    // in its fault's reclaim when the stop began carries the stack its
+    // fault's sleep was taken at (without it: 36-43 ms a run).
+    let unknown: u64 = pauses
+        .iter()
+        .filter(|p| ns(&p["duration_ns"]) >= MS)
+        .flat_map(|p| p["kernel_waits"].as_array().into_iter().flatten())
+        .filter(|w| w["kind"] == "unknown" && w["thread"] == "laggard")
+        .map(|w| ns(&w["ns"]))
+        .sum();
+    let (main, main_ns) = parts
+        .iter()
+        .map(|(k, v)| (k.as_str(), ns(v)))
+        .max_by_key(|&(_, v)| v)
+        .unwrap_or_default();
     eprintln!(
         "writer: {} pauses, {n} of 1 ms or more ({:.1} ms), {explained} explained to 10%: \
-         reclaim {:.1} ms, minor_faults {:.1} ms, stopping_blocked {:.1} ms",
+         reclaim {:.1} ms, main part {main} {:.1} ms, unknown {:.1} ms",
         pauses.len(),
         total as f64 / 1e6,
         ms(&parts, "reclaim_ns"),
-        ms(&parts, "minor_faults_ns"),
-        ms(&parts, "stopping_blocked_ns"),
+        main_ns as f64 / 1e6,
+        unknown as f64 / 1e6,
     );
-    assert!(n >= 10, "{n} slow pauses");
+    // Seen: 11-27 in eight runs.
+    assert!(n >= 5, "{n} slow pauses");
     assert!(
         explained * 10 >= n * 8,
         "{explained} of {n} explained to within 10%"
     );
     assert!(reclaim_frames, "no reclaim wait with reclaim's frames");
-    // Seen: 19-40% of the slow pauses' time (the rest mostly the page
-    // zeroing of the faults themselves).
-    assert!(
-        ms(&parts, "reclaim_ns") * 10.0 >= total as f64 / 1e6,
-        "{parts:?}"
-    );
+    assert_eq!(main, "reclaim_ns", "{parts:?}");
+    assert!(unknown * 20 <= total, "{unknown} ns of unknown sleeps");
 
     // The summary's advice names the group, at its limit, and its page cache.
     let advice = trace.advice("reclaim").expect("reclaim advice");
