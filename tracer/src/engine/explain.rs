@@ -9,7 +9,7 @@ use super::breakdown::{self, LaggardTime};
 use crate::model::{
     fault::{Fault, PhaseFaults},
     kernel_wait::{KernelTime, KernelWaitRecord, Phase, Sleeper, WaitKind},
-    laggard::{FramesFrom, LaggardRecord, LaggardStateName, RawLaggard},
+    laggard::{FramesFrom, LaggardKernel, LaggardRecord, LaggardStateName, RawLaggard},
     pause::PauseRecord,
 };
 
@@ -100,6 +100,9 @@ pub fn complete(rec: &mut PauseRecord, faults: &[Fault]) {
         }
     }
     laggards.truncate(RECORD_LAGGARDS);
+    for (l, ..) in &mut laggards {
+        l.kernel = LaggardKernel::main_of(&waits, l.tid);
+    }
     rec.laggards = Some(laggards.into_iter().map(|(l, ..)| l).collect());
     rec.kernel_waits = Some(waits);
     rec.kernel_waits_dropped_ns = (input.waits_dropped_ns > 0).then_some(input.waits_dropped_ns);
@@ -187,6 +190,7 @@ fn laggard(
         frames_from,
         held_samples: l.held_samples,
         page_faults: l.faults,
+        kernel: None,
         stopped_at: l.frames.clone(),
     };
     (rec, until, l.stopper_off_at_out)

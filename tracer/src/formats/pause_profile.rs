@@ -173,6 +173,7 @@ mod tests {
             frames_from: FramesFrom::Sample,
             held_samples: 6,
             page_faults: 0,
+            kernel: None,
             stopped_at: vec![],
         }]);
         r.caller = Some(vec![frame("runtime.GC", false), frame("main.main", false)]);

@@ -45,6 +45,15 @@ pub enum WaitKind {
 }
 
 impl WaitKind {
+    /// Whether time of this kind says why a pause was slow: not Go's own
+    /// futex sleeps, an interruptible sleep, or what has no name.
+    pub fn says_why(self) -> bool {
+        !matches!(
+            self,
+            WaitKind::Futex | WaitKind::Sleep | WaitKind::Other | WaitKind::Unknown
+        )
+    }
+
     /// Its name in JSON and metrics.
     pub fn name(self) -> &'static str {
         match self {
@@ -493,5 +502,45 @@ mod tests {
                 fault_ns: 11,
             }
         );
+    }
+
+    #[test]
+    fn a_laggards_main_kernel_kind_adds_asleep_and_running_and_skips_go_sleeps() {
+        use crate::model::laggard::LaggardKernel;
+        let w = |tid, kind, on_cpu, ns| KernelWaitRecord {
+            tid,
+            thread: Sleeper::Laggard,
+            phase: Phase::Stopping,
+            kind,
+            on_cpu,
+            ns,
+            count: 1,
+            frames: Vec::new(),
+        };
+        let waits = [
+            w(7, WaitKind::Reclaim, false, 4),
+            w(7, WaitKind::Reclaim, true, 3),
+            w(7, WaitKind::PageFault, true, 6),
+            w(7, WaitKind::Futex, false, 100),
+            w(7, WaitKind::Unknown, false, 100),
+            w(8, WaitKind::MmapLock, false, 1_000),
+            // The stopping thread's, or after the world stopped: not the laggard's hold.
+            KernelWaitRecord {
+                thread: Sleeper::Stopping,
+                ..w(7, WaitKind::MmapLock, false, 50)
+            },
+            KernelWaitRecord {
+                phase: Phase::Stopped,
+                ..w(7, WaitKind::MmapLock, false, 50)
+            },
+        ];
+        assert_eq!(
+            LaggardKernel::main_of(&waits, 7),
+            Some(LaggardKernel {
+                kind: WaitKind::Reclaim,
+                ns: 7
+            })
+        );
+        assert_eq!(LaggardKernel::main_of(&waits[3..5], 7), None);
     }
 }

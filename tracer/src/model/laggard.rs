@@ -4,7 +4,36 @@
 use serde::Serialize;
 use tracer_common::explain::{LaggardState, OffCpu, StopperTime};
 
-use crate::image::Frame;
+use crate::{
+    image::Frame,
+    model::kernel_wait::{KernelWaitRecord, Phase, Sleeper, WaitKind},
+};
+
+/// A laggard's main kind of time in the kernel while the world was stopping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct LaggardKernel {
+    pub kind: WaitKind,
+    pub ns: u64,
+}
+
+impl LaggardKernel {
+    /// The kind `waits` give laggard `tid` the most time of, while stopping.
+    pub fn main_of(waits: &[KernelWaitRecord], tid: u32) -> Option<LaggardKernel> {
+        let mut by_kind = std::collections::BTreeMap::<WaitKind, u64>::new();
+        for w in waits.iter().filter(|w| {
+            w.tid == tid
+                && w.thread == Sleeper::Laggard
+                && w.phase == Phase::Stopping
+                && w.kind.says_why()
+        }) {
+            *by_kind.entry(w.kind).or_default() += w.ns;
+        }
+        by_kind
+            .into_iter()
+            .max_by_key(|&(kind, ns)| (ns, std::cmp::Reverse(kind)))
+            .map(|(kind, ns)| LaggardKernel { kind, ns })
+    }
+}
 
 /// A laggard as the kernel saw it, its frames symbolized.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,6 +136,10 @@ pub struct LaggardRecord {
     /// (counted where faults are traced by the tracepoint backend; 0 with
     /// the kprobe backend, which sees major faults only).
     pub page_faults: u32,
+    /// The kind of time in the kernel it spent most of while the world was
+    /// stopping, of the kinds that say why (`WaitKind::says_why`), asleep
+    /// and running together (its `kernel_waits`); `None` without any.
+    pub kernel: Option<LaggardKernel>,
     /// Where it stopped: its goroutine's stack when it left the thread, else
     /// its thread's user stack at its last switch-out.
     pub stopped_at: Vec<Frame>,

@@ -20,7 +20,7 @@ use crate::{
         breakdown::Breakdown,
         fault::{Fault, FaultKind, FaultTotals, PauseFaultStats, PhaseFaults},
         kernel_wait::{KernelWaitRecord, Phase, Sleeper, WaitKind},
-        laggard::{FramesFrom, LaggardRecord, LaggardStateName},
+        laggard::{FramesFrom, LaggardKernel, LaggardRecord, LaggardStateName},
         observed::{CpuSamples, Observed, ObservedPause, ProcessInfo},
     },
     sink::{
@@ -181,6 +181,10 @@ fn full_pause(pid: u32) -> ObservedPause {
         frames_from: FramesFrom::Sample,
         held_samples: 4,
         page_faults: 12,
+        kernel: Some(LaggardKernel {
+            kind: WaitKind::MmapLock,
+            ns: 5,
+        }),
         stopped_at: vec![frame("main.spinner")],
     }]);
     r.kernel_waits = Some(vec![KernelWaitRecord {

@@ -291,9 +291,14 @@ fn minor_faults_of_laggards_are_named_and_a_spinner_has_none() {
         .iter()
         .filter(|l| l["page_faults"].as_u64().unwrap_or(0) > 0)
         .count();
+    let in_faults = touchers
+        .iter()
+        .filter(|l| l["kernel"]["kind"] == "page_fault")
+        .count();
     eprintln!(
         "touchers: {} pauses, {n} of 1 ms or more ({:.1} ms), {} held by a toucher, {faulted} \
-         of them with its page faults; minor_faults {:.1} ms, stopping_on_cpu {:.1} ms",
+         of them with its page faults, {in_faults} in the kernel mostly in page faults; \
+         minor_faults {:.1} ms, stopping_on_cpu {:.1} ms",
         touch.len(),
         total as f64 / 1e6,
         touchers.len(),
@@ -309,6 +314,11 @@ fn minor_faults_of_laggards_are_named_and_a_spinner_has_none() {
     assert!(
         faulted * 10 >= touchers.len() * 8,
         "{faulted} of {} with faults",
+        touchers.len()
+    );
+    assert!(
+        in_faults * 10 >= touchers.len() * 8,
+        "{in_faults} of {} in the kernel mostly in page faults",
         touchers.len()
     );
     // Seen: 165-268 of 210-356 ms.
@@ -521,7 +531,7 @@ fn pauses_of_a_memory_cgroup_at_its_limit_name_reclaim_and_the_control_none() {
         main_ns as f64 / 1e6,
         unknown as f64 / 1e6,
     );
-    // Seen: 11-27 in eight runs.
+    // Seen: 11-27 in nine runs.
     assert!(n >= 5, "{n} slow pauses");
     assert!(
         explained * 10 >= n * 8,
@@ -529,6 +539,15 @@ fn pauses_of_a_memory_cgroup_at_its_limit_name_reclaim_and_the_control_none() {
     );
     assert!(reclaim_frames, "no reclaim wait with reclaim's frames");
     assert_eq!(main, "reclaim_ns", "{parts:?}");
+    // The laggards that held the slow pauses say it too.
+    let in_reclaim = pauses
+        .iter()
+        .filter(|p| ns(&p["duration_ns"]) >= MS)
+        .filter_map(|p| p["laggards"].as_array()?.first())
+        .filter(|l| l["kernel"]["kind"] == "reclaim")
+        .count();
+    eprintln!("writer: {in_reclaim} of {n} slow pauses held by a laggard mostly in reclaim");
+    assert!(in_reclaim >= 1, "no laggard mostly in reclaim");
     assert!(unknown * 20 <= total, "{unknown} ns of unknown sleeps");
 
     // The summary's advice names the group, at its limit, and its page cache.

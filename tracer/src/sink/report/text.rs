@@ -5,10 +5,7 @@ use crate::{
     engine::caller::CallerSite,
     image::Frame,
     model::{
-        fault::PauseFaultStats,
-        kernel_wait::{Sleeper, WaitKind},
-        laggard::LaggardRecord,
-        pause::PauseRecord,
+        fault::PauseFaultStats, kernel_wait::Sleeper, laggard::LaggardRecord, pause::PauseRecord,
     },
     units::{fmt_ns, fmt_time_of_day},
 };
@@ -94,6 +91,9 @@ fn laggard_text(l: &LaggardRecord) -> String {
     if l.page_faults > 0 {
         text += &format!(", {} page faults", l.page_faults);
     }
+    if let Some(k) = l.kernel {
+        text += &format!(", in the kernel: {} {}", k.kind.name(), fmt_ns(k.ns));
+    }
     text
 }
 
@@ -103,12 +103,11 @@ fn laggard_text(l: &LaggardRecord) -> String {
 /// slept uprobe 5.42 ms (rwsem_down_read_slowpath <- down_read <-
 /// find_active_uprobe_rcu)`.
 fn kernel_wait_text(p: &PauseRecord) -> Option<String> {
-    let w = p.kernel_waits.as_deref()?.iter().find(|w| {
-        !matches!(
-            w.kind,
-            WaitKind::Futex | WaitKind::Sleep | WaitKind::Other | WaitKind::Unknown
-        ) && w.ns * 10 >= p.duration_ns
-    })?;
+    let w = p
+        .kernel_waits
+        .as_deref()?
+        .iter()
+        .find(|w| w.kind.says_why() && w.ns * 10 >= p.duration_ns)?;
     let who = match w.thread {
         Sleeper::Stopping => "stopping thread".to_owned(),
         Sleeper::Laggard => format!("laggard tid {}", w.tid),
@@ -271,12 +270,7 @@ pub fn summary_text(s: &Summary) -> String {
         let named: Vec<_> = p
             .kernel_waits
             .iter()
-            .filter(|k| {
-                !matches!(
-                    k.kind,
-                    WaitKind::Futex | WaitKind::Sleep | WaitKind::Other | WaitKind::Unknown
-                )
-            })
+            .filter(|k| k.kind.says_why())
             .collect();
         if !named.is_empty() {
             let _ = writeln!(t, "  in the kernel (all pauses):");
@@ -347,7 +341,10 @@ pub fn summary_text(s: &Summary) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::fault::{FaultTotals, PhaseFaults};
+    use crate::model::{
+        fault::{FaultTotals, PhaseFaults},
+        kernel_wait::WaitKind,
+    };
 
     #[test]
     fn a_pause_line_splits_its_faults_by_phase() {
@@ -414,6 +411,40 @@ mod tests {
             ),
             "{}",
             pause_line(&p)
+        );
+    }
+
+    #[test]
+    fn a_laggard_line_ends_with_its_page_faults_and_its_kernel_kind() {
+        use crate::model::laggard::{FramesFrom, LaggardKernel, LaggardStateName};
+        let mut l = LaggardRecord {
+            tid: 812,
+            state: LaggardStateName::Blocked,
+            ns: 12_000_000,
+            on_cpu_ns: 0,
+            fault_ns: 0,
+            runnable_ns: 0,
+            blocked_ns: 12_000_000,
+            running_goroutine: true,
+            goid: None,
+            frames: vec![],
+            frames_from: FramesFrom::StoppedAt,
+            held_samples: 0,
+            page_faults: 3,
+            kernel: None,
+            stopped_at: vec![],
+        };
+        assert_eq!(
+            laggard_text(&l),
+            "laggard tid 812 blocked 12.00 ms, 3 page faults"
+        );
+        l.kernel = Some(LaggardKernel {
+            kind: WaitKind::Reclaim,
+            ns: 11_500_000,
+        });
+        assert_eq!(
+            laggard_text(&l),
+            "laggard tid 812 blocked 12.00 ms, 3 page faults, in the kernel: reclaim 11.50 ms"
         );
     }
 }
