@@ -4,6 +4,7 @@
 
 mod bpf;
 pub mod faults;
+mod kernel_waits;
 pub mod overhead;
 mod stack;
 mod stopping;
@@ -26,8 +27,10 @@ pub struct Options {
     /// workload), `stack` (stack-growth modes and a bpftrace newstack
     /// counter on a goroutine-per-task workload), `faults` (page faults of
     /// a process gostw does not trace), `stopping` (what the stopping-phase
-    /// probe adds to Go's own pause figures) or `storm` (what the CLI and
-    /// the agent keep under a page-out storm beside a pause storm).
+    /// probe adds to Go's own pause figures), `kernel-waits` (per-run cost
+    /// of the programs that name the kernel's part of a pause, from the
+    /// kernel's BPF statistics) or `storm` (what the CLI and the agent keep
+    /// under a page-out storm beside a pause storm).
     pub name: String,
     /// Rounds (untraced/traced pairs; `overhead`: every configuration once);
     /// default 7, `overhead` 9 (at least).
@@ -58,6 +61,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         "pauses" => pauses(opts),
         "stack" => stack::run(opts),
         "stopping" => stopping::run(opts),
+        "kernel-waits" => kernel_waits::run(opts),
         "storm" => storm::run(opts.processes, opts.rounds.unwrap_or(4), &opts.go),
         "faults" => faults::run(&faults::Options {
             runs: opts.rounds() as usize,
@@ -65,7 +69,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         }),
         other => {
             bail!(
-                "unknown benchmark {other:?} (known: overhead, pauses, stack, faults, stopping, storm)"
+                "unknown benchmark {other:?} (known: overhead, pauses, stack, faults, stopping, kernel-waits, storm)"
             )
         }
     }
