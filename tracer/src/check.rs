@@ -266,16 +266,13 @@ fn features(object: &mut Object, compat: &Compat, backend: &BackendChoice) -> Ve
 /// backend does not see every fault.
 fn kernel_waits_status(backend: &BackendChoice, symbols: &KernelSymbols) -> Option<Status> {
     if symbols.is_empty() {
-        return Some(Status::Degraded(
-            "kernel frames are not named: /proc/kallsyms shows no addresses \
-             (kernel.kptr_restrict, or not root); every wait is kind unknown"
-                .into(),
-        ));
+        return Some(Status::Degraded(crate::procfs::kallsyms::HIDDEN.into()));
     }
     (backend.backend != FaultBackend::Tracepoint).then(|| {
         Status::Degraded(format!(
-            "page faults are not counted (laggards' page_faults, stopper_page_faults stay 0): \
-             the {} fault backend sees major faults only",
+            "page faults are not counted (laggards' page_faults, stopper_page_faults stay 0), \
+             and a laggard's sleep in a fault that began before the stop is of kind unknown: \
+             the {} fault backend sees major faults only, and no sleep in them",
             backend.backend.name()
         ))
     })

@@ -6,7 +6,8 @@
 //! workload's stdin/stdout protocol (scripts/workloads/gcswap). Also what
 //! every test and bench of the agent's HTTP uses: a free port, one GET, the
 //! samples of /metrics (`loopback`), and the check every test of /metrics
-//! makes (`promtool_check`).
+//! makes (`promtool_check`); and a writer keeping a memory cgroup's page
+//! cache dirty (`DirtyWriter`), for reclaim that waits on writeback.
 //!
 //! Everything that changes the machine is undone on drop, also when the
 //! caller fails. Errors are `std::io::Error`s whose text names what failed.
@@ -17,12 +18,14 @@ pub mod loopback;
 mod pageout;
 mod promtool;
 mod swap;
+mod writer;
 
 pub use cgroup::MemCgroup;
 pub use gcswap::{GcSwapControl, PAGEOUT_ARGS, PAGEOUT_ENV, PAGEOUT_ROUNDS};
 pub use pageout::{majflt, page_out, page_out_ranges, swap_out};
 pub use promtool::promtool_check;
 pub use swap::SwapFile;
+pub use writer::DirtyWriter;
 
 /// `s` with the regular expression metacharacters escaped (for the agent's
 /// `--match`; xtask has no regex crate and needs no more than this).

@@ -7,6 +7,11 @@
 
 use std::sync::OnceLock;
 
+/// What is lost where the host hides the addresses (the warning at start,
+/// and `gostw check`).
+pub const HIDDEN: &str = "kernel frames are not named: /proc/kallsyms shows no addresses \
+     (kernel.kptr_restrict, or not root); every kernel wait is of kind unknown";
+
 /// The kernel's text symbols, sorted by address.
 #[derive(Debug, Default)]
 pub struct KernelSymbols {
@@ -29,9 +34,13 @@ impl KernelSymbols {
     /// Start reading this host's in the background, so that naming the
     /// first kernel stack does not stall the caller for the read (50 ms in
     /// an optimized build here, ten times that in a debug one).
+    /// Says once (a warning) when the host hides the addresses: every
+    /// kernel wait is then of kind `unknown`.
     pub fn preload() {
         std::thread::spawn(|| {
-            KernelSymbols::host();
+            if KernelSymbols::host().is_empty() {
+                log::warn!("{HIDDEN}");
+            }
         });
     }
 

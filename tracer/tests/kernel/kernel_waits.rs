@@ -30,8 +30,7 @@
 
 use std::{
     io::{BufRead as _, BufReader},
-    os::unix::process::CommandExt as _,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
 };
 
 use serde_json::Value;
@@ -352,49 +351,6 @@ fn minor_faults_of_laggards_are_named_and_a_spinner_has_none() {
     );
 }
 
-/// A shell in `cgroup` rewriting a 256 MiB file on disk 32 MiB at a time,
-/// never syncing: the cgroup's page cache stays full and mostly dirty, which
-/// its reclaim cannot free without waiting for writeback. Until dropped.
-struct Writer {
-    child: Child,
-    file: std::path::PathBuf,
-}
-
-impl Writer {
-    fn start(cgroup: &MemCgroup) -> Writer {
-        let file =
-            std::path::PathBuf::from(format!("/var/tmp/gostw-reclaim-{}", std::process::id()));
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(
-                r#"echo $$ > "$0" || exit 1
-                i=0
-                while :; do
-                    dd if=/dev/zero of="$1" bs=1M count=32 seek=$((i % 8 * 32)) \
-                        conv=notrunc 2>/dev/null || exit 1
-                    i=$((i + 1))
-                done"#,
-            )
-            .arg(cgroup.path.join("cgroup.procs"))
-            .arg(&file)
-            .process_group(0)
-            .spawn()
-            .expect("starting the writer");
-        Writer { child, file }
-    }
-}
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        // The shell and its dd: the cgroup can go only once both have.
-        // SAFETY: signalling our own child's process group.
-        unsafe { libc::kill(-(self.child.id() as libc::pid_t), libc::SIGKILL) };
-        let _ = self.child.wait();
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        let _ = std::fs::remove_file(&self.file);
-    }
-}
-
 /// Transparent huge pages where a program asks for them (`madvise`), for
 /// as long as this lives (the setting before is put back).
 struct HugePagesOnRequest(Option<String>);
@@ -440,7 +396,9 @@ fn in_a_full_cgroup(writer: bool) -> (Trace, String, serde_json::Map<String, Val
         cg.write("memory.max", "64M");
         cg.write("memory.swap.max", "0");
     }
-    let writer = writer.then(|| Writer::start(&cg));
+    let writer = writer.then(|| {
+        gostw_scenario::DirtyWriter::start(&cg, "reclaim").unwrap_or_else(|e| panic!("{e}"))
+    });
     // Let the writer fill the cgroup to its limit first.
     std::thread::sleep(std::time::Duration::from_secs(2));
     let trace = attached(

@@ -21,7 +21,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use gostw_scenario::MemCgroup;
+use gostw_scenario::{DirtyWriter, MemCgroup};
 
 use super::{Options, bpf, median};
 use crate::{cmd::step, demo, go, setup};
@@ -142,24 +142,8 @@ fn reclaim(gostw: &Path, workload: &Path, seconds: u32) -> anyhow::Result<Run> {
         cg.write("memory.max", "64M")?;
         cg.write("memory.swap.max", "0")?;
     }
-    let file = std::env::temp_dir().join(format!("gostw-bench-reclaim-{}", std::process::id()));
     let procs = cg.path.join("cgroup.procs");
-    // Rewrites a 256 MiB file 32 MiB at a time, never syncing.
-    let mut writer = Command::new("sh")
-        .arg("-c")
-        .arg(
-            r#"echo $$ > "$0" || exit 1
-            i=0
-            while :; do
-                dd if=/dev/zero of="$1" bs=1M count=32 seek=$((i % 8 * 32)) \
-                    conv=notrunc 2>/dev/null || exit 1
-                i=$((i + 1))
-            done"#,
-        )
-        .arg(&procs)
-        .arg(&file)
-        .spawn()
-        .context("starting the writer")?;
+    let writer = DirtyWriter::start(&cg, "bench-reclaim")?;
     std::thread::sleep(Duration::from_secs(2));
     let program = Command::new("sh")
         .arg("-c")
@@ -174,11 +158,7 @@ fn reclaim(gostw: &Path, workload: &Path, seconds: u32) -> anyhow::Result<Run> {
         .spawn()
         .context("starting the stw workload")?;
     let run = traced(gostw, program, seconds);
-    let _ = writer.kill();
-    let _ = writer.wait();
-    // The cgroup's drop kills what is left in it (the writer's dd).
-    drop(cg);
-    let _ = std::fs::remove_file(&file);
+    drop(writer);
     run
 }
 
