@@ -38,7 +38,7 @@ use serde_json::Value;
 use crate::{
     scenario::MemCgroup,
     support::{
-        attach_json, build_workload, finish_gostw, gostw_stdout, json_records, newest_go, ns,
+        attach_json_with, build_workload, finish_gostw, gostw_stdout, json_records, newest_go, ns,
         require_root,
     },
 };
@@ -215,7 +215,10 @@ fn attached(args: &[&str], env: &[(&str, &str)], cgroup: &MemCgroup) -> Trace {
         line.clear();
     }
     let pid = workload.id();
-    let (gostw, stderr) = attach_json(pid);
+    // The tracepoint fault backend on every kernel: it names the sleeps in
+    // faults that began before a stop (the kprobe one, which `auto` picks
+    // where kprobes exist, leaves them unknown).
+    let (gostw, stderr) = attach_json_with(pid, &["--fault-source", "tracepoint"]);
     // SAFETY: signalling our own child.
     assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR1) }, 0);
     std::io::copy(&mut out, &mut std::io::sink()).unwrap();

@@ -365,17 +365,21 @@ pub fn attach_json(
     std::process::Child,
     std::io::BufReader<std::process::ChildStderr>,
 ) {
-    start_gostw(
-        &[
-            "attach",
-            "--json",
-            "--stacks",
-            "off",
-            "--pid",
-            &pid.to_string(),
-        ],
-        "tracing pid",
-    )
+    attach_json_with(pid, &[])
+}
+
+/// `attach_json` with `extra` arguments.
+pub fn attach_json_with(
+    pid: u32,
+    extra: &[&str],
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStderr>,
+) {
+    let pid = pid.to_string();
+    let mut args = vec!["attach", "--json", "--stacks", "off", "--pid", &pid];
+    args.extend_from_slice(extra);
+    start_gostw(&args, "tracing pid")
 }
 
 /// Wait for a gostw from `start_gostw` to end (by itself, or after a

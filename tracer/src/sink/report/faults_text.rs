@@ -5,12 +5,8 @@ use std::fmt::Write as _;
 use super::faults::FaultSummary;
 use crate::{
     model::fault::{FaultSite, FaultTotals},
-    units::fmt_time_of_day,
+    units::{fmt_ns as ms, fmt_time_of_day},
 };
-
-fn ms(ns: u64) -> String {
-    format!("{:.3} ms", ns as f64 / 1e6)
-}
 
 fn totals(t: &FaultTotals) -> String {
     if t.faults == 0 {
@@ -172,11 +168,11 @@ mod tests {
         });
         let text = render_text(&r.summary(), 5);
         assert!(text.contains("1 with major faults"), "{text}");
-        assert!(text.contains("39.000 ms in faults"), "{text}");
+        assert!(text.contains("39.00 ms in faults"), "{text}");
         assert!(text.contains("runtime.(*spanSet).reset"), "{text}");
         assert!(text.contains("stopping thread 1: 1"), "{text}");
         let at = format!(
-            "pause at {}, 40.000 ms",
+            "pause at {}, 40.00 ms",
             fmt_time_of_day(1_700_000_000_123_456_000)
         );
         assert!(text.contains(&at), "{at} in {text}");
