@@ -269,10 +269,15 @@ fn kernel_waits_status(backend: &BackendChoice, symbols: &KernelSymbols) -> Opti
         return Some(Status::Degraded(crate::procfs::kallsyms::HIDDEN.into()));
     }
     (backend.backend != FaultBackend::Tracepoint).then(|| {
+        let instead = if backend.tracepoints.available {
+            "; `--fault-source tracepoint` sees both"
+        } else {
+            ""
+        };
         Status::Degraded(format!(
             "page faults are not counted (laggards' page_faults, stopper_page_faults stay 0), \
              and a laggard's sleep in a fault that began before the stop is of kind unknown: \
-             the {} fault backend sees major faults only, and no sleep in them",
+             the {} fault backend sees major faults only, and no sleep in them{instead}",
             backend.backend.name()
         ))
     })
@@ -398,8 +403,17 @@ mod tests {
         );
         let kprobe = kernel_waits_status(&backend(FaultBackend::Kprobe), &named);
         assert!(
-            matches!(&kprobe, Some(Status::Degraded(why)) if why.contains("kprobe fault backend")),
+            matches!(&kprobe, Some(Status::Degraded(why))
+                if why.contains("kprobe fault backend") && why.ends_with("`--fault-source tracepoint` sees both")),
             "{kprobe:?}"
+        );
+        // Only where the tracepoint backend could run is it offered.
+        let mut no_tracepoints = backend(FaultBackend::Kprobe);
+        no_tracepoints.tracepoints.available = false;
+        let kprobe_only = kernel_waits_status(&no_tracepoints, &named);
+        assert!(
+            matches!(&kprobe_only, Some(Status::Degraded(why)) if !why.contains("--fault-source")),
+            "{kprobe_only:?}"
         );
         let unnamed = kernel_waits_status(&backend(FaultBackend::Tracepoint), &hidden);
         assert!(
