@@ -3,6 +3,7 @@
 //! both sides alike. A benchmark prints figures; it does not pass or fail.
 
 mod bpf;
+mod compat;
 pub mod faults;
 mod kernel_waits;
 pub mod overhead;
@@ -29,8 +30,10 @@ pub struct Options {
     /// a process gostw does not trace), `stopping` (what the stopping-phase
     /// probe adds to Go's own pause figures), `kernel-waits` (per-run cost
     /// of the programs that name the kernel's part of a pause, from the
-    /// kernel's BPF statistics) or `storm` (what the CLI and the agent keep
-    /// under a page-out storm beside a pause storm).
+    /// kernel's BPF statistics), `compat` (the same statistics for the
+    /// older-kernel program variants beside the programs they replace, both
+    /// on this kernel) or `storm` (what the CLI and the agent keep under a
+    /// page-out storm beside a pause storm).
     pub name: String,
     /// Rounds (untraced/traced pairs; `overhead`: every configuration once);
     /// default 7, `overhead` 9 (at least).
@@ -62,6 +65,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         "stack" => stack::run(opts),
         "stopping" => stopping::run(opts),
         "kernel-waits" => kernel_waits::run(opts),
+        "compat" => compat::run(opts),
         "storm" => storm::run(opts.processes, opts.rounds.unwrap_or(4), &opts.go),
         "faults" => faults::run(&faults::Options {
             runs: opts.rounds() as usize,
@@ -69,7 +73,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         }),
         other => {
             bail!(
-                "unknown benchmark {other:?} (known: overhead, pauses, stack, faults, stopping, kernel-waits, storm)"
+                "unknown benchmark {other:?} (known: overhead, pauses, stack, faults, stopping, kernel-waits, compat, storm)"
             )
         }
     }

@@ -28,16 +28,16 @@ use crate::{cmd::step, demo, go, setup};
 
 /// One program's figures in one run.
 #[derive(Clone, Copy)]
-struct Prog {
+pub(super) struct Prog {
     runs: u64,
     ns_per_run: f64,
 }
 
 /// One traced run: the programs that ran, the pauses, gostw's peak RSS.
-struct Run {
-    programs: BTreeMap<String, Prog>,
-    pauses: usize,
-    peak_rss_bytes: u64,
+pub(super) struct Run {
+    pub programs: BTreeMap<String, Prog>,
+    pub pauses: usize,
+    pub peak_rss_bytes: u64,
 }
 
 const SCENARIOS: [&str; 2] = ["spinner", "reclaim"];
@@ -65,7 +65,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     for round in 1..=opts.rounds() {
         for (i, name) in SCENARIOS.iter().enumerate() {
             let r = match i {
-                0 => spinner(&gostw, &workload, opts.seconds)?,
+                0 => spinner(&gostw, &workload, opts.seconds, &Gostw::default())?,
                 _ => reclaim(&gostw, &workload, opts.seconds)?,
             };
             eprintln!(
@@ -78,13 +78,14 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         }
     }
     for (name, runs) in SCENARIOS.iter().zip(&runs) {
-        report(name, runs);
+        report("kernel-waits", name, runs);
     }
     Ok(())
 }
 
-/// Print each program's runs and ns per run: median (min-max) over `runs`.
-fn report(scenario: &str, runs: &[Run]) {
+/// Print each program's runs and ns per run: median (min-max) over `runs`,
+/// each line headed `bench: scenario`.
+pub(super) fn report(bench: &str, scenario: &str, runs: &[Run]) {
     let names: std::collections::BTreeSet<&String> =
         runs.iter().flat_map(|r| r.programs.keys()).collect();
     for name in names {
@@ -98,7 +99,7 @@ fn report(scenario: &str, runs: &[Run]) {
         let mut n = of(&|p| p.runs as f64);
         let (lo, hi) = min_max(&ns);
         println!(
-            "kernel-waits: {scenario:>7} {name:<22} {:>9.0} runs, {:>6.0} ns/run ({lo:.0}-{hi:.0}, {} runs of gostw)",
+            "{bench}: {scenario:>9} {name:<22} {:>9.0} runs, {:>6.0} ns/run ({lo:.0}-{hi:.0}, {} runs of gostw)",
             median(&mut n),
             median(&mut ns),
             ns.len()
@@ -107,7 +108,7 @@ fn report(scenario: &str, runs: &[Run]) {
     let mut rss: Vec<f64> = runs.iter().map(|r| r.peak_rss_bytes as f64).collect();
     let (lo, hi) = min_max(&rss);
     println!(
-        "kernel-waits: {scenario:>7} gostw peak RSS {:.1} MB ({:.1}-{:.1})",
+        "{bench}: {scenario:>9} gostw peak RSS {:.1} MB ({:.1}-{:.1})",
         median(&mut rss) / 1e6,
         lo / 1e6,
         hi / 1e6
@@ -119,8 +120,20 @@ fn min_max(v: &[f64]) -> (f64, f64) {
         .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)))
 }
 
+/// What a bench adds to `gostw attach --json --duration S --pid P`.
+#[derive(Default)]
+pub(super) struct Gostw<'a> {
+    pub args: &'a [&'a str],
+    pub env: &'a [(&'a str, &'a str)],
+}
+
 /// The stw workload's spinner, asynchronous preemption off.
-fn spinner(gostw: &Path, workload: &Path, seconds: u32) -> anyhow::Result<Run> {
+pub(super) fn spinner(
+    gostw: &Path,
+    workload: &Path,
+    seconds: u32,
+    with: &Gostw,
+) -> anyhow::Result<Run> {
     let program = Command::new(workload)
         .env("GODEBUG", "asyncpreemptoff=1")
         .args(["-spinners", "1", "-interval", "40ms", "-gc", "1"])
@@ -129,7 +142,7 @@ fn spinner(gostw: &Path, workload: &Path, seconds: u32) -> anyhow::Result<Run> {
         .stdout(Stdio::null())
         .spawn()
         .context("starting the stw workload")?;
-    traced(gostw, program, seconds)
+    traced(gostw, program, seconds, with)
 }
 
 /// Touchers of huge pages in a full memory cgroup beside a dirty writer.
@@ -157,18 +170,28 @@ fn reclaim(gostw: &Path, workload: &Path, seconds: u32) -> anyhow::Result<Run> {
         .stdout(Stdio::null())
         .spawn()
         .context("starting the stw workload")?;
-    let run = traced(gostw, program, seconds);
+    let run = traced(gostw, program, seconds, &Gostw::default());
     drop(writer);
     run
 }
 
-/// `gostw attach --json --duration SECONDS` on `program`, which is then
-/// stopped: the summary's program figures.
-fn traced(gostw: &Path, mut program: Child, seconds: u32) -> anyhow::Result<Run> {
+/// `gostw attach --json --duration SECONDS` on `program` (`--stacks off`
+/// unless `with` says otherwise), which is then stopped: the summary's
+/// program figures.
+fn traced(gostw: &Path, mut program: Child, seconds: u32, with: &Gostw) -> anyhow::Result<Run> {
     // Past its start-up: the runtime's threads and the workload's goroutines run.
     std::thread::sleep(Duration::from_millis(500));
+    let stacks: &[&str] = if with.args.contains(&"--stacks") {
+        &[]
+    } else {
+        &["--stacks", "off"]
+    };
     let out = Command::new(gostw)
-        .args(["attach", "--json", "--stacks", "off", "--duration"])
+        .args(["attach", "--json"])
+        .args(stacks)
+        .args(with.args)
+        .envs(with.env.iter().copied())
+        .arg("--duration")
         .arg(format!("{seconds}s"))
         .arg("--pid")
         .arg(program.id().to_string())
