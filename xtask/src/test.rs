@@ -27,6 +27,10 @@ pub struct Options {
     /// Skip the VM step (kernel tests on a distro kernel under QEMU).
     #[arg(long)]
     pub no_vm: bool,
+    /// Kernels the VM step boots, one after the other (`cargo xtask vm-test
+    /// --kernel` names).
+    #[arg(long, value_delimiter = ',', default_values_t = vm::CI_KERNELS.map(String::from))]
+    pub vm_kernels: Vec<String>,
     /// Run the kernel tests (host, and VM unless --no-vm) this many times
     /// and report each test's pass count; fails unless every run passed.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
@@ -137,14 +141,15 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             if opts.repeat == 1 {
                 r?;
             }
-            if !opts.no_vm {
-                let r = timed(&format!("VM kernel tests{of}"), &mut || {
-                    step(&format!(
-                        "kernel tests in a VM (Debian's 6.1 kernel, QEMU/TCG){of}"
-                    ));
-                    vm::run(&vm::Options::default())
+            for kernel in opts.vm_kernels.iter().filter(|_| !opts.no_vm) {
+                let r = timed(&format!("VM kernel tests, {kernel}{of}"), &mut || {
+                    step(&format!("kernel tests in a VM ({kernel}, QEMU/TCG){of}"));
+                    vm::run(&vm::Options {
+                        kernel: kernel.clone(),
+                        ..vm::Options::default()
+                    })
                 });
-                tally.vm(r.is_ok());
+                tally.vm(kernel, r.is_ok());
                 if opts.repeat == 1 {
                     r?;
                 }
@@ -172,8 +177,8 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
 struct Tally {
     /// Test name: (passed, ran).
     tests: BTreeMap<String, (u32, u32)>,
-    /// VM suite runs: (passed, ran).
-    vm: (u32, u32),
+    /// VM suite runs per kernel: (passed, ran).
+    vm: BTreeMap<String, (u32, u32)>,
 }
 
 impl Tally {
@@ -202,9 +207,10 @@ impl Tally {
         Ok(())
     }
 
-    fn vm(&mut self, ok: bool) {
-        self.vm.0 += u32::from(ok);
-        self.vm.1 += 1;
+    fn vm(&mut self, kernel: &str, ok: bool) {
+        let e = self.vm.entry(kernel.to_owned()).or_default();
+        e.0 += u32::from(ok);
+        e.1 += 1;
     }
 
     /// Print every test's pass count; fail unless all passed every time.
@@ -218,24 +224,21 @@ impl Tally {
         for (name, (passed, ran)) in &self.tests {
             println!("  {passed:>3}/{ran:<3} {name}");
         }
-        if self.vm.1 > 0 {
-            println!("  {:>3}/{:<3} VM suite (debian-6.1)", self.vm.0, self.vm.1);
+        for (kernel, (passed, ran)) in &self.vm {
+            println!("  {passed:>3}/{ran:<3} VM suite ({kernel})");
         }
+        let vm_failed = self.vm.values().any(|(passed, ran)| passed < ran);
         println!(
             "{} tests, {} passed every run, {} did not",
             self.tests.len(),
             self.tests.len() - flaky.len(),
             flaky.len()
         );
-        if !flaky.is_empty() || self.vm.0 < self.vm.1 {
+        if !flaky.is_empty() || vm_failed {
             bail!(
                 "not every run passed: {:?}{}",
                 flaky.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
-                if self.vm.0 < self.vm.1 {
-                    " and the VM suite"
-                } else {
-                    ""
-                }
+                if vm_failed { " and the VM suite" } else { "" }
             );
         }
         Ok(())

@@ -4,7 +4,8 @@
 # expect of a host (proc, sys, tracefs, bpffs, cgroups, swap), proves the
 # kernel has kprobes, runs the tests and reports their exit code on the serial
 # console as `GOSTW_VM_EXIT=<code>`, which the host waits for. Every line the
-# host parses starts with GOSTW_VM_.
+# host parses starts with GOSTW_VM_. Before the tests it runs `gostw check`
+# and prints its answer, a line at a time.
 
 /bin/busybox --install -s /bin
 export PATH=/bin HOME=/root TMPDIR=/tmp
@@ -74,6 +75,13 @@ fi
 echo 0 >"$kp/events/gostw_vm/openat/enable"
 [ -e /sys/kernel/btf/vmlinux ] && echo "GOSTW_VM_BTF=ok" || echo "GOSTW_VM_BTF=missing"
 echo "GOSTW_VM_BOOTED=$(cut -d' ' -f1 /proc/uptime)"
+
+# What `gostw check` says of this kernel, before any test loads a program:
+# the host keeps it as the kernel's row of the docs' matrix.
+@GOSTW_BIN@ check >/tmp/gostw-check.txt 2>&1
+check=$?
+sed 's/^/GOSTW_VM_CHECK_LINE=/' /tmp/gostw-check.txt
+echo "GOSTW_VM_CHECK_EXIT=$check"
 
 # A test that hangs would leave the host nothing but a killed VM: shortly
 # before the host's deadline, say where every task of the guest waits.

@@ -60,6 +60,11 @@ pub const VM_TESTS: &[&str] = &[
 /// the host lacks): the host's kernel test step passes each as `--skip`.
 pub const HOST_SKIP: &[&str] = &["vm_env::", "backend_agreement::"];
 
+/// The kernels `cargo xtask test` boots by default (CI's run): the oldest of
+/// the matrix, where the older-kernel variants load, and Debian 12's LTS.
+/// Each takes 4-6 minutes; the others are run by hand.
+pub const CI_KERNELS: [&str; 2] = ["debian-6.1", "debian-5.10"];
+
 /// The Go toolchain of the VM's workloads: the newest of the matrix (the
 /// guest runs one version; the host's kernel tests cover the whole matrix).
 fn vm_go() -> go::Toolchain {
@@ -192,6 +197,14 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     eprintln!(
         "  tests        {:.1?}",
         report.total_time.saturating_sub(boot)
+    );
+    let check: Vec<&str> = report.facts_of("CHECK_LINE").collect();
+    let check_file = work.join("check.txt");
+    fs::write(&check_file, check.join("\n") + "\n")?;
+    eprintln!(
+        "  gostw check  exit {} ({})",
+        report.fact("CHECK_EXIT").unwrap_or("not run"),
+        check_file.display()
     );
     eprintln!("  console log  {}", log.display());
     let code = report.exit_code.context("no exit code")?;

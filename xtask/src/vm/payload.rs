@@ -247,6 +247,10 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
         .replace("@LINKS@", &link_commands(&links)?)
         .replace("@STALL_SECS@", &p.stall_secs.to_string())
         .replace(
+            "@GOSTW_BIN@",
+            &shell_quote(&guest_path(&root, &p.binaries.gostw)?.to_string_lossy()),
+        )
+        .replace(
             "@TEST_BIN@",
             &shell_quote(&guest_tests.expect("two binaries").to_string_lossy()),
         )

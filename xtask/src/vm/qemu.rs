@@ -50,6 +50,14 @@ impl Report {
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
     }
+
+    /// Every value of `GOSTW_VM_<key>`, in the order the guest printed them.
+    pub fn facts_of<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a str> {
+        self.facts
+            .iter()
+            .filter(move |(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 /// How long QEMU may take to exit once the guest reported its exit code.
@@ -214,6 +222,12 @@ mod tests {
             Some(("KPROBES", "ok (p:a b)"))
         );
         assert_eq!(fact("test stw_probe::x ... ok"), None);
+        // `gostw check`'s lines keep their own `=` and blanks.
+        assert_eq!(
+            fact("GOSTW_VM_CHECK_LINE=  pauses  works (a=b)"),
+            Some(("CHECK_LINE", "  pauses  works (a=b)"))
+        );
+        assert_eq!(fact("GOSTW_VM_CHECK_LINE="), Some(("CHECK_LINE", "")));
         assert_eq!(tests_started("running 2 tests"), Some(2));
         assert_eq!(tests_started("running 0 tests"), Some(0));
         assert_eq!(tests_started("running 1 test"), Some(1));
