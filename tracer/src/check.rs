@@ -26,7 +26,10 @@ use crate::kernel::{
     faults::{self, ensure_tracefs},
     object::Object,
 };
-use crate::procfs::kallsyms::KernelSymbols;
+use crate::{
+    model::backend::{Degraded, HostLimits},
+    procfs::kallsyms::KernelSymbols,
+};
 
 /// How a feature fares here.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -182,6 +185,13 @@ pub fn exit_code(features: &[Feature]) -> i32 {
 
 /// Load each feature's programs (the verifier's answer) and judge it.
 fn features(object: &mut Object, compat: &Compat, backend: &BackendChoice) -> Vec<Feature> {
+    let losses = HostLimits {
+        backend: Some(backend),
+        layout_error: compat.layout_error(),
+        symbols_hidden: KernelSymbols::host().is_empty(),
+        explain: true,
+    }
+    .degraded();
     let mut out = Vec::new();
     let mut feature = |name, programs: &[(&'static str, Kind)], extra: Option<Status>| {
         let mut loaded = Vec::new();
@@ -232,20 +242,15 @@ fn features(object: &mut Object, compat: &Compat, backend: &BackendChoice) -> Ve
     feature(
         "kernel waits",
         &kernel_programs,
-        kernel_waits_status(backend, KernelSymbols::host()),
+        degraded_status(&losses, "kernel waits"),
     );
-    let layout = compat.layout_error().map(|why| {
-        Status::Degraded(format!(
-            "user registers cannot be found ({why}): samples in kernel mode are not counted"
-        ))
-    });
     feature(
         "stack growth (sampled)",
         &[(STACK_SAMPLE, Kind::PerfEvent)],
-        layout,
+        degraded_status(&losses, "stack growth (sampled)"),
     );
     feature("stack growth (exact)", &[(STACK_COPY, Kind::UProbe)], None);
-    let fault = fault_feature(object, compat, backend);
+    let fault = fault_feature(object, compat, backend, degraded_status(&losses, "faults"));
     let agent = if out[0].status == Status::Works {
         Status::Works
     } else {
@@ -261,28 +266,6 @@ fn features(object: &mut Object, compat: &Compat, backend: &BackendChoice) -> Ve
     out
 }
 
-/// What the kernel waits lose here, if anything: kernel frames unnamed
-/// where `/proc/kallsyms` hides addresses, page-fault counts where the fault
-/// backend does not see every fault.
-fn kernel_waits_status(backend: &BackendChoice, symbols: &KernelSymbols) -> Option<Status> {
-    if symbols.is_empty() {
-        return Some(Status::Degraded(crate::procfs::kallsyms::HIDDEN.into()));
-    }
-    (backend.backend != FaultBackend::Tracepoint).then(|| {
-        let instead = if backend.tracepoints.available {
-            "; `--fault-source tracepoint` sees both"
-        } else {
-            ""
-        };
-        Status::Degraded(format!(
-            "page faults are not counted (laggards' page_faults, stopper_page_faults stay 0), \
-             and a laggard's sleep in a fault that began before the stop is of kind unknown: \
-             the {} fault backend sees major faults only, and no sleep in them{instead}",
-            backend.backend.name()
-        ))
-    })
-}
-
 #[derive(Clone, Copy)]
 enum Kind {
     UProbe,
@@ -290,7 +273,20 @@ enum Kind {
     PerfEvent,
 }
 
-fn fault_feature(object: &mut Object, compat: &Compat, backend: &BackendChoice) -> Feature {
+/// `name`'s loss here, as a status.
+fn degraded_status(losses: &[Degraded], name: &str) -> Option<Status> {
+    losses
+        .iter()
+        .find(|d| d.feature == name)
+        .map(|d| Status::Degraded(d.why.clone()))
+}
+
+fn fault_feature(
+    object: &mut Object,
+    compat: &Compat,
+    backend: &BackendChoice,
+    degraded: Option<Status>,
+) -> Feature {
     let mut f = Feature {
         name: "faults",
         status: Status::Works,
@@ -325,14 +321,7 @@ fn fault_feature(object: &mut Object, compat: &Compat, backend: &BackendChoice) 
     };
     f.status = match loaded {
         Err(e) => Status::Unavailable(format!("{e:#}")),
-        Ok(()) if !backend.file_faults_seen => Status::Degraded(
-            "no filemap:mm_filemap_fault: file-backed faults and swap-ins are not told apart".into(),
-        ),
-        Ok(()) if compat.layout_error().is_some() => Status::Degraded(
-            "user registers cannot be found: every sleep of a thread in a fault counts as inside it"
-                .into(),
-        ),
-        Ok(()) => Status::Works,
+        Ok(()) => degraded.unwrap_or(Status::Works),
     };
     f
 }
@@ -372,53 +361,4 @@ pub fn human(r: &CheckReport) -> String {
     }
     let _ = writeln!(s, "exit status {}", r.exit_code);
     s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::backend::Support;
-
-    fn backend(backend: FaultBackend) -> BackendChoice {
-        let s = Support {
-            available: true,
-            detail: String::new(),
-        };
-        BackendChoice {
-            backend,
-            reason: String::new(),
-            kprobes: s.clone(),
-            tracepoints: s,
-            file_faults_seen: true,
-        }
-    }
-
-    #[test]
-    fn kernel_waits_say_what_they_lose() {
-        let named = KernelSymbols::parse(&b"ffffffff81000000 T _stext\n"[..]);
-        let hidden = KernelSymbols::parse(&b"0000000000000000 T _stext\n"[..]);
-        assert_eq!(
-            kernel_waits_status(&backend(FaultBackend::Tracepoint), &named),
-            None
-        );
-        let kprobe = kernel_waits_status(&backend(FaultBackend::Kprobe), &named);
-        assert!(
-            matches!(&kprobe, Some(Status::Degraded(why))
-                if why.contains("kprobe fault backend") && why.ends_with("`--fault-source tracepoint` sees both")),
-            "{kprobe:?}"
-        );
-        // Only where the tracepoint backend could run is it offered.
-        let mut no_tracepoints = backend(FaultBackend::Kprobe);
-        no_tracepoints.tracepoints.available = false;
-        let kprobe_only = kernel_waits_status(&no_tracepoints, &named);
-        assert!(
-            matches!(&kprobe_only, Some(Status::Degraded(why)) if !why.contains("--fault-source")),
-            "{kprobe_only:?}"
-        );
-        let unnamed = kernel_waits_status(&backend(FaultBackend::Tracepoint), &hidden);
-        assert!(
-            matches!(&unnamed, Some(Status::Degraded(why)) if why.contains("/proc/kallsyms")),
-            "{unnamed:?}"
-        );
-    }
 }

@@ -39,7 +39,10 @@ use crate::{
     image::ProcessImage,
     kernel::{Core, CoreOptions},
     memory::watch::ExposureWatch,
-    model::observed::{Observed, Sink},
+    model::{
+        backend::HostLimits,
+        observed::{Observed, Sink},
+    },
     stackgrowth::goroutines::GoroutineWatch,
     targets::{
         Changes, Target,
@@ -475,7 +478,22 @@ impl Engine {
         let core = self.tracker.kernel();
         if let Some(choice) = core.fault_backend().cloned() {
             self.stream.set_file_faults_seen(choice.file_faults_seen);
+            // What this host takes from the features in use (a host that
+            // hides kernel addresses is said by the symbols' preload).
+            let degraded: Vec<_> = HostLimits {
+                backend: Some(&choice),
+                layout_error: core.object().compat().layout_error(),
+                symbols_hidden: false,
+                explain: self.explain,
+            }
+            .degraded()
+            .into_iter()
+            .filter(|d| self.stacks || d.feature != "stack growth (sampled)")
+            .collect();
             self.out.push(Observed::FaultBackend(choice));
+            if !degraded.is_empty() {
+                self.out.push(Observed::Degraded(degraded));
+            }
             self.announced_backend = true;
         } else if let Some(why) = core.fault_failure() {
             self.out.push(Observed::FaultsUnavailable(why.to_owned()));

@@ -13,7 +13,10 @@ use tracer_common::{
 use super::{fault::Fault, losses::Losses, pause::PauseRecord};
 use crate::{
     image::ExecutableImage,
-    model::{backend::BackendChoice, labels::ProcessLabels},
+    model::{
+        backend::{BackendChoice, Degraded},
+        labels::ProcessLabels,
+    },
 };
 
 /// A traced process, as every sink names it.
@@ -167,6 +170,9 @@ pub enum Observed {
     FaultBackend(BackendChoice),
     /// Faults were asked for but cannot be traced here: why.
     FaultsUnavailable(String),
+    /// Features in use that lose something on this host (once, after
+    /// `FaultBackend`).
+    Degraded(Vec<Degraded>),
     /// A traced process's CPU cgroup was throttled this much while traced
     /// (sent just before its `Exited`, where the group has a quota).
     CpuThrottling {

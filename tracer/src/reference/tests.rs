@@ -17,6 +17,7 @@ use crate::{
     model::pause::tests_support::record,
     model::throttling::{CpuThrottling, ThrottleCounts},
     model::{
+        backend::Degraded,
         breakdown::Breakdown,
         fault::{Fault, FaultKind, FaultTotals, PauseFaultStats, PhaseFaults},
         kernel_wait::{KernelWaitRecord, Phase, Sleeper, WaitKind},
@@ -131,9 +132,17 @@ fn exposition() -> String {
         },
         99,
     );
+    m.degraded(&[degraded()]);
     let mut s = String::new();
     encode(&mut s, m.registry()).unwrap();
     s
+}
+
+fn degraded() -> Degraded {
+    Degraded {
+        feature: "kernel waits",
+        why: "page faults are not counted".into(),
+    }
 }
 
 #[test]
@@ -295,6 +304,20 @@ fn records() -> Vec<serde_json::Value> {
             },
         },
     });
+    s.observe(&Observed::Degraded(vec![degraded()]));
+    s.observe(&Observed::Cost(Arc::new(crate::bpf_stats::CostReading {
+        stats_enabled: true,
+        programs: vec![crate::bpf_stats::ProgramCost {
+            name: "stw_stop".into(),
+            runs: 2,
+            run_ns: 4_000,
+        }],
+        usage: Some(crate::bpf_stats::SelfUsage {
+            cpu_seconds: 0.1,
+            rss_bytes: 20 << 20,
+            peak_rss_bytes: 24 << 20,
+        }),
+    })));
     s.observe(&Observed::ExitStatus { pid: 42, code: 0 });
     s.observe(&Observed::KernelCounters(
         tracer_common::counters::Counter::ALL

@@ -102,4 +102,33 @@ fn check_answers_match_what_tracing_loads() {
             "check says {backend}; gostw run: {stderr}"
         );
     }
+    // What check calls degraded (of the features this run used), the run
+    // says once on standard error and keeps in its summary, in the same
+    // words; what check says works, the run does not call degraded. (In the
+    // VM the kprobe backend leaves the kernel waits degraded; on a host that
+    // hides kernel addresses the run says so from the symbols' preload.)
+    let in_use = ["kernel waits", "stack growth (sampled)", "faults"];
+    let check_degraded: Vec<(&str, &str)> = in_use
+        .iter()
+        .map(|&n| (n, feature(n)))
+        .filter(|(_, f)| f["status"] == "degraded")
+        .map(|(n, f)| (n, f["why"].as_str().unwrap()))
+        .filter(|(_, why)| !why.contains("/proc/kallsyms"))
+        .collect();
+    let run_degraded: Vec<(&str, &str)> = summary["health"]["degraded"]
+        .as_array()
+        .expect("health.degraded")
+        .iter()
+        .map(|d| (d["feature"].as_str().unwrap(), d["why"].as_str().unwrap()))
+        .collect();
+    eprintln!("degraded: check {check_degraded:?}, gostw run {run_degraded:?}");
+    assert_eq!(run_degraded, check_degraded, "check and gostw run disagree");
+    for (name, why) in &run_degraded {
+        let said = format!("gostw: {name} degraded here: {why}");
+        assert_eq!(
+            stderr.matches(&said).count(),
+            1,
+            "{said:?} not said once: {stderr}"
+        );
+    }
 }

@@ -154,6 +154,7 @@ pub struct Metrics {
     pub last_poll_unix_seconds: Gauge<f64, AtomicU64>,
     pub build_info: Family<Vec<(&'static str, &'static str)>, Gauge<i64, AtomicI64>>,
     fault_backend: Family<Vec<(&'static str, &'static str)>, Gauge<i64, AtomicI64>>,
+    degraded_feature: Family<Vec<(&'static str, &'static str)>, Gauge<i64, AtomicI64>>,
     pub exposure: exposure::ExposureMetrics,
     pub slow_pauses: slow::SlowPauseMetrics,
     /// The agent's own cost (`cost`).
@@ -198,6 +199,7 @@ impl Metrics {
             last_poll_unix_seconds: Gauge::default(),
             build_info: Family::default(),
             fault_backend: Family::default(),
+            degraded_feature: Family::default(),
             exposure: Default::default(),
             slow_pauses: Default::default(),
             cost: cost::CostMetrics::default(),
@@ -331,6 +333,11 @@ impl Metrics {
             "fault_backend",
             "The kernel mechanism that observes major faults (value 1): kprobe, tracepoint, or none",
             m.fault_backend.clone(),
+        );
+        a.register(
+            "degraded_feature",
+            "Features that run on this host but lose something (value 1), as `gostw check` names them; the agent's log says what",
+            m.degraded_feature.clone(),
         );
         m.build_info
             .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION"))])
@@ -522,6 +529,16 @@ impl Metrics {
         self.fault_backend
             .get_or_create(&vec![("backend", backend)])
             .set(1);
+    }
+
+    /// The features that lose something here (`gostw check`'s names).
+    pub fn degraded(&self, list: &[crate::model::backend::Degraded]) {
+        self.degraded_feature.clear();
+        for d in list {
+            self.degraded_feature
+                .get_or_create(&vec![("feature", d.feature)])
+                .set(1);
+        }
     }
 
     /// Label sets with series now (for the memory bound checks).

@@ -223,6 +223,12 @@ impl Sink for MetricsSink {
                 log::warn!("major faults are not traced: {why}");
                 m.fault_backend("none");
             }
+            Observed::Degraded(list) => {
+                for d in list {
+                    log::warn!("{} degraded here: {}", d.feature, d.why);
+                }
+                m.degraded(list);
+            }
             Observed::KernelCounters(counters) => {
                 for &(counter, value) in counters {
                     if counter == Counter::FaultReturnsPending {

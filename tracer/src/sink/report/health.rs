@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::{bpf_stats::CostReading, units::fmt_bytes};
+use crate::{bpf_stats::CostReading, model::backend::Degraded, units::fmt_bytes};
 
 /// One BPF program's share.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -35,11 +35,15 @@ pub struct Health {
     pub peak_rss_bytes: Option<u64>,
     /// Events lost (the summary's `lost.total`).
     pub events_lost: u64,
+    /// Features in use that lose something on this host, and what (as
+    /// `gostw check` says it).
+    pub degraded: Vec<Degraded>,
 }
 
 impl Health {
-    /// The section from the last cost reading and the loss total.
-    pub fn of(c: &CostReading, events_lost: u64) -> Health {
+    /// The section from the last cost reading, the loss total and the
+    /// degraded features.
+    pub fn of(c: &CostReading, events_lost: u64, degraded: &[Degraded]) -> Health {
         let mut programs: Vec<ProgramHealth> = c
             .programs
             .iter()
@@ -58,6 +62,7 @@ impl Health {
             cpu_ns: c.usage.map(|u| (u.cpu_seconds * 1e9).round() as u64),
             peak_rss_bytes: c.usage.map(|u| u.peak_rss_bytes),
             events_lost,
+            degraded: degraded.to_vec(),
         }
     }
 
@@ -79,6 +84,9 @@ impl Health {
             "  gostw: {cpu}, peak RSS {rss}, events lost {}",
             self.events_lost
         );
+        for d in &self.degraded {
+            let _ = writeln!(t, "  degraded here: {}: {}", d.feature, d.why);
+        }
         if !self.bpf_stats_enabled {
             let _ = writeln!(
                 t,
@@ -133,7 +141,7 @@ mod tests {
 
     #[test]
     fn programs_by_run_time_with_their_mean() {
-        let h = Health::of(&reading(), 3);
+        let h = Health::of(&reading(), 3, &[]);
         assert_eq!(h.bpf_ns, 11_040_000);
         assert_eq!(h.cpu_ns, Some(500_000_000));
         assert_eq!(h.peak_rss_bytes, Some(24 << 20));
@@ -144,11 +152,13 @@ mod tests {
         let json = serde_json::to_value(&h).unwrap();
         assert_eq!(json["programs"][0]["ns_per_run"], 110.0);
         assert_eq!(json["events_lost"], 3);
+        assert_eq!(json["degraded"], serde_json::json!([]));
     }
 
     #[test]
     fn text_shows_own_cpu_share_and_programs_that_ran() {
-        let t = Health::of(&reading(), 0).render_text(10_000_000_000);
+        let t = Health::of(&reading(), 0, &[]).render_text(10_000_000_000);
+        assert!(!t.contains("degraded"), "{t}");
         assert!(
             t.contains("gostw: 0.50 s CPU (5.00% of one core), peak RSS 24.0 MiB, events lost 0"),
             "{t}"
@@ -159,7 +169,24 @@ mod tests {
         let mut off = reading();
         off.stats_enabled = false;
         off.programs.clear();
-        let t = Health::of(&off, 0).render_text(0);
+        let t = Health::of(&off, 0, &[]).render_text(0);
         assert!(t.contains("run time not counted"), "{t}");
+    }
+
+    #[test]
+    fn degraded_features_are_kept_and_said() {
+        let d = Degraded {
+            feature: "kernel waits",
+            why: "page faults are not counted".into(),
+        };
+        let h = Health::of(&reading(), 0, std::slice::from_ref(&d));
+        let json = serde_json::to_value(&h).unwrap();
+        assert_eq!(json["degraded"][0]["feature"], "kernel waits");
+        assert_eq!(json["degraded"][0]["why"], "page faults are not counted");
+        let t = h.render_text(1);
+        assert!(
+            t.contains("  degraded here: kernel waits: page faults are not counted\n"),
+            "{t}"
+        );
     }
 }

@@ -39,6 +39,7 @@ use crate::{
     image::ProcessImage,
     model::throttling::CpuThrottling,
     model::{
+        backend::Degraded,
         breakdown::Breakdown,
         losses::Losses,
         observed::{Observed, ProcessInfo},
@@ -212,6 +213,8 @@ pub struct ReportSink {
     losses: Losses,
     correlator: CorrelatorStats,
     cost: Option<Arc<crate::bpf_stats::CostReading>>,
+    /// Features in use that lose something here.
+    degraded: Vec<Degraded>,
     write_error: Option<std::io::Error>,
 }
 
@@ -237,6 +240,7 @@ impl ReportSink {
             losses: Losses::default(),
             correlator: CorrelatorStats::default(),
             cost: None,
+            degraded: Vec::new(),
             write_error: None,
         }
     }
@@ -357,7 +361,7 @@ impl ReportSink {
         summary.health = self
             .cost
             .as_deref()
-            .map(|c| health::Health::of(c, summary.lost.total));
+            .map(|c| health::Health::of(c, summary.lost.total, &self.degraded));
         summary
     }
 
@@ -537,6 +541,12 @@ impl Sink for ReportSink {
             }
             Observed::FaultsUnavailable(why) => {
                 crate::say!("gostw: major faults not traced: {why}");
+            }
+            Observed::Degraded(list) => {
+                for d in list {
+                    crate::say!("gostw: {} degraded here: {}", d.feature, d.why);
+                }
+                self.degraded.clone_from(list);
             }
             Observed::KernelCounters(c) => {
                 let shed = c.iter().any(|&(k, n)| k == Counter::FaultShed && n > 0);
