@@ -148,9 +148,16 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
                 continue;
             }
             if !names_spinner(p) {
-                assert_eq!(
-                    l["state"], "runnable",
-                    "Go {v}: laggard not named, and the one named did not wait for a CPU: {p}"
+                // Or another M was held in the kernel, named by its kind for
+                // at least half the time it held the stop (seen under QEMU:
+                // `main.main` allocating, 5 ms in page faults clearing a
+                // fresh huge page, which emulation makes slow).
+                let kernel = &l["kernel"];
+                let in_kernel = kernel["kind"].is_string() && ns(&kernel["ns"]) * 2 >= ns(&l["ns"]);
+                assert!(
+                    l["state"] == "runnable" || in_kernel,
+                    "Go {v}: laggard not named, and the one named neither waited for a CPU nor \
+                     was held in the kernel: {p}"
                 );
                 contended += 1;
                 continue;
@@ -217,7 +224,7 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
             .count();
         eprintln!(
             "Go {v}: {} pauses, {} of 1 ms or more, {} waited to stop ({contended} for an M \
-             that waited for a CPU, {unseen} with no laggard, {held} with main.spinLoop \
+             that waited for a CPU or was held in the kernel, {unseen} with no laggard, {held} with main.spinLoop \
              innermost, {preempted} of them seen preempted, not sampled, {unlisted} not on the M \
              list), {explained} explained to 10%",
             pauses.len(),

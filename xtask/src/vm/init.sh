@@ -26,6 +26,30 @@ mount -t tracefs tracefs /sys/kernel/tracing
 mount -t debugfs debugfs /sys/kernel/debug
 mount -t bpf bpf /sys/fs/bpf
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
+# A test or the set-up below that hangs would leave the host nothing but a
+# killed VM: shortly before the host's deadline (the tests' or, until the
+# tests start, the boot's 180 s), say where every task of the guest waits.
+tasks() {
+	ps
+	for t in /proc/[0-9]*/task/[0-9]*; do
+		echo "--- ${t#/proc/} $(cat "$t/comm" 2>/dev/null) state=$(awk '/^State/ {print $2}' "$t/status" 2>/dev/null) wchan=$(cat "$t/wchan" 2>/dev/null)"
+		cat "$t/stack" 2>/dev/null
+	done
+	grep -E '^(MemFree|SwapFree|Dirty|Writeback):' /proc/meminfo
+}
+(
+	sleep 150
+	[ -e /tmp/gostw-booted ] && exit 0
+	echo "GOSTW_VM_STALL=set-up still running after 150 s; every task:"
+	tasks
+) &
+(
+	sleep @STALL_SECS@
+	echo "GOSTW_VM_STALL=tests still running after @STALL_SECS@ s; every task:"
+	tasks
+) &
+watchdog=$!
+
 # Loopback, for the tests that talk to the agent over HTTP.
 ip link set lo up
 echo "GOSTW_VM_KERNEL=$(uname -r)"
@@ -75,6 +99,7 @@ fi
 echo 0 >"$kp/events/gostw_vm/openat/enable"
 [ -e /sys/kernel/btf/vmlinux ] && echo "GOSTW_VM_BTF=ok" || echo "GOSTW_VM_BTF=missing"
 echo "GOSTW_VM_BOOTED=$(cut -d' ' -f1 /proc/uptime)"
+touch /tmp/gostw-booted
 
 # What `gostw check` says of this kernel, before any test loads a program:
 # the host keeps it as the kernel's row of the docs' matrix.
@@ -83,19 +108,6 @@ check=$?
 sed 's/^/GOSTW_VM_CHECK_LINE=/' /tmp/gostw-check.txt
 echo "GOSTW_VM_CHECK_EXIT=$check"
 
-# A test that hangs would leave the host nothing but a killed VM: shortly
-# before the host's deadline, say where every task of the guest waits.
-(
-	sleep @STALL_SECS@
-	echo "GOSTW_VM_STALL=tests still running after @STALL_SECS@ s; every task:"
-	ps
-	for t in /proc/[0-9]*/task/[0-9]*; do
-		echo "--- ${t#/proc/} $(cat "$t/comm" 2>/dev/null) state=$(awk '/^State/ {print $2}' "$t/status" 2>/dev/null) wchan=$(cat "$t/wchan" 2>/dev/null)"
-		cat "$t/stack" 2>/dev/null
-	done
-	grep -E '^(MemFree|SwapFree|Dirty|Writeback):' /proc/meminfo
-) &
-watchdog=$!
 
 cd /tmp
 @ENV@ @TEST_BIN@ --test-threads=1 @TEST_ARGS@

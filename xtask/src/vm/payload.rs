@@ -127,8 +127,8 @@ pub struct Payload<'a> {
     pub binaries: &'a Binaries,
     /// `build_workloads`' output directory.
     pub workloads: &'a Path,
-    /// The Go version the workloads were built with.
-    pub go_version: &'a str,
+    /// The Go versions the workloads were built with.
+    pub go_versions: &'a [&'a str],
     /// Arguments for the test binary after `--test-threads=1`.
     pub test_args: &'a [String],
     /// Name of the kernel (`--kernel`), passed to the tests as `GOSTW_VM`.
@@ -228,7 +228,14 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
 
     let env = [
         ("GOSTW_VM", p.kernel_name.to_owned()),
-        ("GOSTW_GO_MATRIX", format!("{}=prebuilt", p.go_version)),
+        (
+            "GOSTW_GO_MATRIX",
+            p.go_versions
+                .iter()
+                .map(|v| format!("{v}=prebuilt"))
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
         ("GOSTW_PREBUILT_WORKLOADS", GUEST_WORKLOADS.to_owned()),
         ("RUST_BACKTRACE", "1".to_owned()),
     ];

@@ -63,6 +63,27 @@ impl Report {
 /// How long QEMU may take to exit once the guest reported its exit code.
 const POWEROFF_GRACE: Duration = Duration::from_secs(30);
 
+/// How long the guest may take to reach its tests (`GOSTW_VM_BOOTED`): it
+/// takes 3-17 s. Seen once in about twenty boots: a 5.10 guest that printed
+/// its swap line and nothing more for 20 minutes, before any test ran.
+const BOOT_LIMIT: Duration = Duration::from_secs(180);
+
+/// The guest never reached its tests within [`BOOT_LIMIT`]: no test ran, so
+/// the boot may be tried again.
+#[derive(Debug)]
+pub struct NotBooted;
+
+impl std::fmt::Display for NotBooted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the guest did not reach its tests within {BOOT_LIMIT:?} (killed before any test ran)"
+        )
+    }
+}
+
+impl std::error::Error for NotBooted {}
+
 /// The QEMU system emulator for x86-64 guests.
 const QEMU: &str = "qemu-system-x86_64";
 
@@ -129,8 +150,14 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
 
     let mut report = Report::default();
     let mut deadline = started + boot.timeout;
+    let booting = started + BOOT_LIMIT;
     let outcome = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let until = if report.boot_time.is_none() {
+            deadline.min(booting)
+        } else {
+            deadline
+        };
+        let left = until.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(line) => {
                 println!("{line}");
@@ -156,6 +183,11 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
     };
     if report.exit_code.is_none() {
         report.total_time = started.elapsed();
+    }
+    if matches!(outcome, Outcome::TimedOut) && report.boot_time.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(NotBooted.into());
     }
     if matches!(outcome, Outcome::TimedOut) && report.exit_code.is_some() {
         eprintln!("the guest did not power off; stopping QEMU");
