@@ -166,9 +166,18 @@ fn sleeps_on_the_address_space_lock_are_named_and_the_control_has_none() {
     );
     assert!(waiting >= 3, "{waiting} pauses slept on the lock");
     assert!(slow.len() >= 3, "{} slow pauses", slow.len());
+    // The slow pauses that slept on the lock are mostly that sleep. (Over
+    // all slow pauses: 79.7 of 84.2 to 232.6 of 234.3 ms in five runs, but
+    // once, with 7 pauses on the lock instead of 20-28, 11.9 of 25.6 ms:
+    // the other slow pauses were slow for other reasons.)
+    let locked: Vec<&&Value> = slow
+        .iter()
+        .filter(|p| ns(&p["breakdown"]["mmap_lock_ns"]) + ns(&p["breakdown"]["probe_ns"]) > 0)
+        .collect();
+    let locked_total: u64 = locked.iter().map(|p| ns(&p["duration_ns"])).sum();
     assert!(
-        named * 2 >= total,
-        "{named} ns of {total} ns of slow pauses named"
+        named * 2 >= locked_total,
+        "{named} ns of {locked_total} ns of the slow pauses on the lock named"
     );
     assert!(trace.advice(MMAP_LOCK).is_some(), "{:?}", trace.advice);
 
