@@ -27,7 +27,7 @@ use crate::kernel::{
     object::Object,
 };
 use crate::{
-    model::backend::{Degraded, HostLimits},
+    model::backend::{Degraded, FAULTS, HostLimits, KERNEL_WAITS, STACK_GROWTH_SAMPLED},
     procfs::kallsyms::KernelSymbols,
 };
 
@@ -140,9 +140,9 @@ pub fn check() -> CheckReport {
                 "pauses",
                 "stopping phase",
                 "explanation",
-                "kernel waits",
-                "faults",
-                "stack growth (sampled)",
+                KERNEL_WAITS,
+                FAULTS,
+                STACK_GROWTH_SAMPLED,
                 "stack growth (exact)",
                 "agent",
             ]
@@ -190,6 +190,7 @@ fn features(object: &mut Object, compat: &Compat, backend: &BackendChoice) -> Ve
         layout_error: compat.layout_error(),
         symbols_hidden: KernelSymbols::host().is_empty(),
         explain: true,
+        stacks: true,
     }
     .degraded();
     let mut out = Vec::new();
@@ -240,17 +241,17 @@ fn features(object: &mut Object, compat: &Compat, backend: &BackendChoice) -> Ve
     let mut kernel_programs = sched.clone();
     kernel_programs.push((LAGGARD_SAMPLER, Kind::PerfEvent));
     feature(
-        "kernel waits",
+        KERNEL_WAITS,
         &kernel_programs,
-        degraded_status(&losses, "kernel waits"),
+        degraded_status(&losses, KERNEL_WAITS),
     );
     feature(
-        "stack growth (sampled)",
+        STACK_GROWTH_SAMPLED,
         &[(STACK_SAMPLE, Kind::PerfEvent)],
-        degraded_status(&losses, "stack growth (sampled)"),
+        degraded_status(&losses, STACK_GROWTH_SAMPLED),
     );
     feature("stack growth (exact)", &[(STACK_COPY, Kind::UProbe)], None);
-    let fault = fault_feature(object, compat, backend, degraded_status(&losses, "faults"));
+    let fault = fault_feature(object, compat, backend, degraded_status(&losses, FAULTS));
     let agent = if out[0].status == Status::Works {
         Status::Works
     } else {
@@ -288,7 +289,7 @@ fn fault_feature(
     degraded: Option<Status>,
 ) -> Feature {
     let mut f = Feature {
-        name: "faults",
+        name: FAULTS,
         status: Status::Works,
         programs: Vec::new(),
         variants: Vec::new(),

@@ -485,11 +485,9 @@ impl Engine {
                 layout_error: core.object().compat().layout_error(),
                 symbols_hidden: false,
                 explain: self.explain,
+                stacks: self.stacks,
             }
-            .degraded()
-            .into_iter()
-            .filter(|d| self.stacks || d.feature != "stack growth (sampled)")
-            .collect();
+            .degraded();
             self.out.push(Observed::FaultBackend(choice));
             if !degraded.is_empty() {
                 self.out.push(Observed::Degraded(degraded));

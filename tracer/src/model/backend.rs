@@ -60,6 +60,11 @@ pub struct Degraded {
     pub why: String,
 }
 
+/// `gostw check`'s names of the features that can lose something here.
+pub const KERNEL_WAITS: &str = "kernel waits";
+pub const STACK_GROWTH_SAMPLED: &str = "stack growth (sampled)";
+pub const FAULTS: &str = "faults";
+
 /// What this host takes from the features in use: the inputs.
 pub struct HostLimits<'a> {
     /// The fault backend in use (None: faults are not traced).
@@ -71,6 +76,8 @@ pub struct HostLimits<'a> {
     pub symbols_hidden: bool,
     /// Pauses are explained (the kernel waits run).
     pub explain: bool,
+    /// Stack growth is traced (the stack sampler may run).
+    pub stacks: bool,
 }
 
 impl HostLimits<'_> {
@@ -81,13 +88,15 @@ impl HostLimits<'_> {
             && let Some(why) = self.kernel_waits()
         {
             out.push(Degraded {
-                feature: "kernel waits",
+                feature: KERNEL_WAITS,
                 why,
             });
         }
-        if let Some(why) = self.layout_error {
+        if self.stacks
+            && let Some(why) = self.layout_error
+        {
             out.push(Degraded {
-                feature: "stack growth (sampled)",
+                feature: STACK_GROWTH_SAMPLED,
                 why: format!(
                     "user registers cannot be found ({why}): samples in kernel mode are not counted"
                 ),
@@ -95,7 +104,7 @@ impl HostLimits<'_> {
         }
         if let Some(why) = self.faults() {
             out.push(Degraded {
-                feature: "faults",
+                feature: FAULTS,
                 why,
             });
         }
@@ -172,6 +181,7 @@ mod tests {
             layout_error: None,
             symbols_hidden: false,
             explain: true,
+            stacks: true,
         }
     }
 
