@@ -28,7 +28,7 @@ use crate::kernel::{
 };
 use crate::{
     model::backend::{Degraded, FAULTS, HostLimits, KERNEL_WAITS, STACK_GROWTH_SAMPLED},
-    procfs::kallsyms::KernelSymbols,
+    procfs::kallsyms::host_addresses_hidden,
 };
 
 /// How a feature fares here.
@@ -188,7 +188,7 @@ fn features(object: &mut Object, compat: &Compat, backend: &BackendChoice) -> Ve
     let losses = HostLimits {
         backend: Some(backend),
         layout_error: compat.layout_error(),
-        symbols_hidden: KernelSymbols::host().is_empty(),
+        symbols_hidden: host_addresses_hidden(),
         explain: true,
         stacks: true,
     }

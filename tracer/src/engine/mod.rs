@@ -167,6 +167,8 @@ pub struct Engine {
     cost: crate::bpf_stats::CostWatch,
     /// When a host target's counts were last read.
     counted: Option<Instant>,
+    /// Pauses are explained and the host hides kernel addresses.
+    symbols_hidden: bool,
     out: Vec<Observed>,
 }
 
@@ -196,6 +198,22 @@ impl Engine {
             // it now, off the event loop.
             crate::procfs::kallsyms::KernelSymbols::preload();
         }
+        let symbols_hidden = opts.explain && crate::procfs::kallsyms::host_addresses_hidden();
+        let mut out = Vec::new();
+        if opts.faults.is_none() {
+            // No fault backend to wait for: what the host takes is known now.
+            let degraded = HostLimits {
+                backend: None,
+                layout_error: core.object().compat().layout_error(),
+                symbols_hidden,
+                explain: opts.explain,
+                stacks: opts.stacks.is_some(),
+            }
+            .degraded();
+            if !degraded.is_empty() {
+                out.push(Observed::Degraded(degraded));
+            }
+        }
         Ok(Engine {
             tracker: Tracker::new(core, limits),
             reader,
@@ -210,7 +228,8 @@ impl Engine {
             exposure: None,
             cost: crate::bpf_stats::CostWatch::start(),
             counted: None,
-            out: Vec::new(),
+            symbols_hidden,
+            out,
         })
     }
 
@@ -478,12 +497,11 @@ impl Engine {
         let core = self.tracker.kernel();
         if let Some(choice) = core.fault_backend().cloned() {
             self.stream.set_file_faults_seen(choice.file_faults_seen);
-            // What this host takes from the features in use (a host that
-            // hides kernel addresses is said by the symbols' preload).
+            // What this host takes from the features in use.
             let degraded: Vec<_> = HostLimits {
                 backend: Some(&choice),
                 layout_error: core.object().compat().layout_error(),
-                symbols_hidden: false,
+                symbols_hidden: self.symbols_hidden,
                 explain: self.explain,
                 stacks: self.stacks,
             }

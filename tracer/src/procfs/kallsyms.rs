@@ -33,15 +33,10 @@ impl KernelSymbols {
 
     /// Start reading this host's in the background, so that naming the
     /// first kernel stack does not stall the caller for the read (50 ms in
-    /// an optimized build here, ten times that in a debug one).
-    /// Says once (a warning) when the host hides the addresses: every
-    /// kernel wait is then of kind `unknown`.
+    /// an optimized build here, ten times that in a debug one). Whether the
+    /// host hides the addresses is known at once from [`addresses_hidden`].
     pub fn preload() {
-        std::thread::spawn(|| {
-            if KernelSymbols::host().is_empty() {
-                log::warn!("{HIDDEN}");
-            }
-        });
+        std::thread::spawn(|| KernelSymbols::host().is_empty());
     }
 
     /// From `/proc/kallsyms`: `address type name [module]` lines, text
@@ -88,6 +83,28 @@ impl KernelSymbols {
     }
 }
 
+/// Whether this host hides kernel addresses from gostw: the first text
+/// symbol of `/proc/kallsyms` reads as zero (or the file cannot be read).
+/// Cheap enough to ask before tracing begins, unlike reading every symbol.
+pub fn host_addresses_hidden() -> bool {
+    std::fs::File::open("/proc/kallsyms")
+        .map(|f| addresses_hidden(std::io::BufReader::new(f)))
+        .unwrap_or(true)
+}
+
+/// The first text symbol's address is zero, or there is none. Per-CPU
+/// symbols (type `A`) lead the file at address zero even where nothing is
+/// hidden, so only `t`/`T` lines count.
+fn addresses_hidden(text: impl std::io::BufRead) -> bool {
+    for line in text.split(b'\n').map_while(Result::ok) {
+        let mut it = line.split(|&b| b == b' ' || b == b'\t');
+        if let (Some(addr), Some(b"t" | b"T")) = (it.next(), it.next()) {
+            return hex(addr).is_none_or(|a| a == 0);
+        }
+    }
+    true
+}
+
 /// A hexadecimal number of up to 16 digits.
 fn hex(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() || digits.len() > 16 {
@@ -129,5 +146,17 @@ mod tests {
         );
         assert!(s.is_empty());
         assert_eq!(s.name(0xffffffff81100000), None);
+    }
+
+    #[test]
+    fn hidden_is_told_by_the_first_text_symbol_not_the_per_cpu_ones() {
+        let shown = "0000000000000000 A fixed_percpu_data\n\
+                     0000000000001000 A cpu_debug_store\n\
+                     ffffffff81000000 T _stext\n";
+        assert!(!addresses_hidden(shown.as_bytes()));
+        let hidden = "0000000000000000 A fixed_percpu_data\n\
+                      0000000000000000 T _stext\n";
+        assert!(addresses_hidden(hidden.as_bytes()));
+        assert!(addresses_hidden("".as_bytes()));
     }
 }

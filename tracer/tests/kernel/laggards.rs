@@ -113,16 +113,36 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
             "Go {v}: only {} pauses of 1 ms or more: the spinner did not hold the stops",
             slow.len()
         );
-        // A pause that waited for a stop waited for the spinner.
+        // A pause that waited for a stop waited for the spinner. Most slow
+        // pauses waited: 90% and more on a real CPU; under QEMU the world's
+        // own work and a stop just short of 1 ms make some pauses of 1-2 ms
+        // that did not (2 to 4 of 33-53 on 5.10), hence four in five.
         let waited: Vec<&&Value> = slow
             .iter()
             .filter(|p| ns(&p["stopping_ns"]) >= MS)
             .collect();
+        let other: Vec<String> = slow
+            .iter()
+            .filter(|p| ns(&p["stopping_ns"]) < MS)
+            .map(|p| {
+                format!(
+                    "{} {} ns ({} stopping): {}",
+                    p["reason"], p["duration_ns"], p["stopping_ns"], p["breakdown"]
+                )
+            })
+            .collect();
+        if !other.is_empty() {
+            eprintln!(
+                "Go {v}: slow pauses that did not wait:\n{}",
+                other.join("\n")
+            );
+        }
         assert!(
-            waited.len() * 10 >= slow.len() * 9,
-            "Go {v}: {} of {} slow pauses waited 1 ms to stop",
+            waited.len() * 10 >= slow.len() * 8,
+            "Go {v}: {} of {} slow pauses waited 1 ms to stop; the others:\n{}",
             waited.len(),
-            slow.len()
+            slow.len(),
+            other.join("\n")
         );
         // On a host busy with processes this test did not start, a pause can
         // wait instead for another M that needed a CPU to reach its stop
@@ -154,10 +174,20 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
                 // fresh huge page, which emulation makes slow).
                 let kernel = &l["kernel"];
                 let in_kernel = kernel["kind"].is_string() && ns(&kernel["ns"]) * 2 >= ns(&l["ns"]);
+                // Or an M held inside the runtime's own code, which reaches
+                // its safe points by itself: the scheduler looking for work,
+                // the scavenger, an allocation (seen under QEMU on 5.10: the
+                // scheduler, 4.6 ms with every clock read a system call on
+                // the emulated HPET; the scavenger, 1.1 ms; `main.main`
+                // building its live heap, in `mallocgcLarge`, 1.5 ms). No
+                // code of the program's own but the spinner's holds a stop.
+                let in_runtime = functions(&l["frames"])
+                    .first()
+                    .is_some_and(|f| f.starts_with("runtime."));
                 assert!(
-                    l["state"] == "runnable" || in_kernel,
-                    "Go {v}: laggard not named, and the one named neither waited for a CPU nor \
-                     was held in the kernel: {p}"
+                    l["state"] == "runnable" || in_kernel || in_runtime,
+                    "Go {v}: laggard not named, and the one named neither waited for a CPU, nor \
+                     was held in the kernel, nor ran the runtime's own code: {p}"
                 );
                 contended += 1;
                 continue;
@@ -198,10 +228,17 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
                 preempted += usize::from(l["frames_from"] == "preemption");
             }
             // Where it stopped can be unknown (its stack not taken: seen
-            // once, a 1.3 ms pause); when known it is the spinner's code.
+            // once, a 1.3 ms pause); when known it is the spinner's code,
+            // or the stack check of `main.checkpoint`'s prologue, where the
+            // preemption request catches it: `runtime.morestack_noctxt`
+            // with the goroutine's start next, the frame pointer not yet
+            // moved past `main.spinner` (seen under QEMU on 5.10, Go 1.27).
             let stopped = functions(&l["stopped_at"]);
+            let at_its_stack_check = stopped.first() == Some(&"runtime.morestack_noctxt")
+                && stopped.contains(&"main.main.gowrap1");
             assert!(
                 stopped.is_empty()
+                    || at_its_stack_check
                     || ["main.checkpoint", "main.spinner", "main.spinLoop"]
                         .iter()
                         .any(|f| stopped.contains(f)),
@@ -224,7 +261,7 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
             .count();
         eprintln!(
             "Go {v}: {} pauses, {} of 1 ms or more, {} waited to stop ({contended} for an M \
-             that waited for a CPU or was held in the kernel, {unseen} with no laggard, {held} with main.spinLoop \
+             that waited for a CPU, was held in the kernel or ran the runtime, {unseen} with no laggard, {held} with main.spinLoop \
              innermost, {preempted} of them seen preempted, not sampled, {unlisted} not on the M \
              list), {explained} explained to 10%",
             pauses.len(),

@@ -85,7 +85,9 @@ fn squeezed_go_process_swaps_in_and_do_swap_page_kprobe_fires() {
 
     // A 24 MiB memory cgroup: the workload's heap (16 MiB live, as much again
     // of garbage between GCs) does not fit, so reclaim swaps its pages out and
-    // the next sweep or mark swaps them back in.
+    // the next sweep or mark swaps them back in; for 2 s at least (the
+    // rounds repeat until then), as 128 MiB alone can take well under a
+    // second, and one such run swapped nothing in.
     fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+memory")
         .expect("enabling the cgroup v2 memory controller");
     let _ = fs::remove_dir(CGROUP);
@@ -96,7 +98,17 @@ fn squeezed_go_process_swaps_in_and_do_swap_page_kprobe_fires() {
     let (hits_before, swapped_before) = (kprobe.hits(), pages_swapped_in());
     let stopped = StoppedChild::spawn(
         workload.as_os_str(),
-        &["-gc", "4", "-alloc-mb", "128", "-live-mb", "16"].map(std::ffi::OsStr::new),
+        &[
+            "-gc",
+            "4",
+            "-alloc-mb",
+            "128",
+            "-live-mb",
+            "16",
+            "-duration",
+            "2s",
+        ]
+        .map(std::ffi::OsStr::new),
         |cmd| {
             cmd.stdout(Stdio::null());
         },

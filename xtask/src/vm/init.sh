@@ -53,6 +53,9 @@ watchdog=$!
 # Loopback, for the tests that talk to the agent over HTTP.
 ip link set lo up
 echo "GOSTW_VM_KERNEL=$(uname -r)"
+# Go reads its clock through the vDSO only where the clocksource allows it
+# (tsc, kvm-clock); on hpet every nanotime is a system call.
+echo "GOSTW_VM_CLOCKSOURCE=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>&1)"
 
 # The payload is under /gostw; the tests name files by their host paths
 # (compiled in), so each host path becomes a link to its guest copy, made

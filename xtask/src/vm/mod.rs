@@ -29,9 +29,9 @@ use crate::{
 
 /// Test name filters the VM suite runs when none are given (libtest
 /// substring filters; a module path such as "stw_probe::" selects a module).
-/// The pause, stopping and caller tests run on both Go versions of
+/// The pause, stopping, caller and laggard tests run on both Go versions of
 /// [`VM_GO`] (pauses equal to Go's own counts and histograms, the caller
-/// named; laggards are named in `compat::`); not the fault tests that need
+/// and the spinner named, the breakdown explaining the pause); not the fault tests that need
 /// the host's cgroup v1 memory controller: the VM runs the kprobe fault
 /// backend end to end (page-out scenario) and the tracepoint backend's
 /// control run (attach and verifier on the distro kernel). The memory
@@ -45,6 +45,7 @@ pub const VM_TESTS: &[&str] = &[
     "pauses::run_reports_every_pause_as_go_counts_it",
     "stopping::stopping_and_total_equal_go_histograms_bucket_for_bucket",
     "callers::callers_name_the_functions_that_asked_for_the_stop",
+    "laggards::a_spinning_goroutine_is_named_as_the_laggard",
     "vm_env::",
     "faults::kprobe_backend_",
     "faults::tracepoint_backend_with_explain",
@@ -64,11 +65,11 @@ pub const VM_TESTS: &[&str] = &[
 /// the host lacks): the host's kernel test step passes each as `--skip`.
 pub const HOST_SKIP: &[&str] = &["vm_env::", "backend_agreement::"];
 
-/// The kernels `cargo xtask test` boots by default (CI's run): Debian 12's
-/// LTS. 5.10 (where the older-kernel variants load), 6.12 and 7.3 are run by
-/// hand (`--vm-kernels`): 5.10 failed two tests of the list once (a laggard
-/// other than the spinner under QEMU; nothing swapped in by `vm_env::`).
-pub const CI_KERNELS: [&str; 1] = ["debian-6.1"];
+/// The kernels `cargo xtask test` boots by default (CI's run), one after the
+/// other: the whole matrix, Debian 12's LTS first, then 5.10 (where the
+/// older-kernel variants load), 6.12 and the newest Debian builds. Each
+/// adds 5-7 minutes (the VM list's tests take 320-375 s under TCG).
+pub const CI_KERNELS: [&str; 4] = ["debian-6.1", "debian-5.10", "debian-6.12", "debian-7.3"];
 
 /// The Go versions of the VM's workloads: two of the matrix, both with Go's
 /// exact pause metrics (1.22+, the stopping test) and the layout the laggard
@@ -217,7 +218,14 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let boot = report.boot_time.unwrap_or_default();
     eprintln!("\n==> VM summary ({})", spec.name);
     eprintln!("  package      {}", kernel.package);
-    for key in ["KERNEL", "KPROBES", "BTF", "SWAP", "KPROBE_HITS"] {
+    for key in [
+        "KERNEL",
+        "CLOCKSOURCE",
+        "KPROBES",
+        "BTF",
+        "SWAP",
+        "KPROBE_HITS",
+    ] {
         if let Some(v) = report.fact(key) {
             eprintln!("  {:<12} {v}", key.to_lowercase());
         }

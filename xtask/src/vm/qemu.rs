@@ -105,7 +105,15 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
             "file={},format=raw,if=virtio,cache=unsafe",
             boot.swap_disk.display()
         ))
-        .args(["-append", "console=ttyS0 panic=-1 quiet"])
+        // The TSC as clocksource: the kernel would pick the emulated HPET,
+        // where every clock read of the guest's Go programs is a slow system
+        // call (their nanotime skips the vDSO), which no production machine
+        // does and which made the runtime's own scheduler hold stops for
+        // milliseconds under emulation.
+        .args([
+            "-append",
+            "console=ttyS0 panic=-1 quiet clocksource=tsc tsc=reliable",
+        ])
         .args(["-nographic", "-no-reboot", "-nic", "none"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
