@@ -49,6 +49,22 @@ impl StackSource for aya::maps::StackTraceMap<aya::maps::MapData> {
     }
 }
 
+/// A stack of `PAUSE_STACKS` as read, if all its addresses are of the kind
+/// asked for (kernel or user), else none. User and kernel stacks share the
+/// map, taken with `BPF_F_REUSE_STACKID`: a later stack that hashes to the
+/// same bucket replaces the one there before user space reads it (seen
+/// once: a laggard's sampled user stack read back as eight kernel
+/// addresses). A replaced stack is lost, never shown as the other kind.
+fn of_kind(addresses: Vec<u64>, kernel: bool) -> Vec<u64> {
+    // The upper half of the address space is the kernel's (x86-64, arm64).
+    let in_kernel = |a: u64| a >= 1 << 63;
+    if addresses.iter().all(|&a| in_kernel(a) == kernel) {
+        addresses
+    } else {
+        Vec::new()
+    }
+}
+
 /// A fault stack's frames and the addresses they came from.
 type FaultStack = (Arc<[Frame]>, Arc<[u64]>);
 
@@ -229,8 +245,7 @@ impl Stream {
         if symbols.is_empty() {
             return Vec::new();
         }
-        stacks
-            .addresses(id as u32)
+        of_kind(stacks.addresses(id as u32), true)
             .into_iter()
             .map(|a| {
                 symbols
@@ -261,9 +276,10 @@ impl Stream {
     /// The frames of a user stack in `PAUSE_STACKS` (negative id: none).
     fn user_stack(&self, image: Option<&ProcessImage>, id: i32) -> Vec<Frame> {
         match (image, &self.pause_stacks) {
-            (Some(image), Some(stacks)) if id >= 0 => {
-                image.stack(&stacks.addresses(id as u32), caller::MAX_FRAMES)
-            }
+            (Some(image), Some(stacks)) if id >= 0 => image.stack(
+                &of_kind(stacks.addresses(id as u32), false),
+                caller::MAX_FRAMES,
+            ),
             _ => Vec::new(),
         }
     }
@@ -327,6 +343,20 @@ pub mod tests {
 
     use super::*;
     use crate::engine::correlate::GRACE_NS;
+
+    #[test]
+    fn a_stack_replaced_by_one_of_the_other_kind_is_lost_not_shown() {
+        let user = vec![0x4a_1234, 0x4a_2000, 0x7fff_0000_1000];
+        let kernel = vec![0xffff_ffff_8142_d010, 0xffff_ffff_8100_0130];
+        assert_eq!(of_kind(user.clone(), false), user);
+        assert_eq!(of_kind(kernel.clone(), true), kernel);
+        // What a laggard's user stack read back as once: kernel addresses.
+        assert!(of_kind(kernel.clone(), false).is_empty());
+        assert!(of_kind(user.clone(), true).is_empty());
+        let mixed = vec![user[0], kernel[0]];
+        assert!(of_kind(mixed.clone(), false).is_empty());
+        assert!(of_kind(mixed, true).is_empty());
+    }
 
     pub fn bytes<T: aya::Pod>(v: &T) -> Vec<u8> {
         // SAFETY: T is Pod: plain bytes, no padding.
