@@ -7,6 +7,7 @@ mod bench;
 mod book;
 mod cmd;
 mod demo;
+mod dist;
 mod fuzz;
 mod go;
 mod pageout;
@@ -33,6 +34,9 @@ enum Task {
     Test(test::Options),
     /// Set up, build, and trace a bundled Go workload with gostw.
     Demo(demo::Options),
+    /// Build what people install into target/dist: a static gostw, its
+    /// SHA-256 and a .deb with the agent's systemd unit.
+    Dist(dist::Options),
     /// Measure tracing overhead: traced vs untraced runs of a Go workload.
     Bench(bench::Options),
     /// Rewrite the book's generated reference pages (docs/reference/cli.md)
@@ -62,6 +66,7 @@ fn main() -> std::process::ExitCode {
         Task::Setup(opts) => setup::run(&opts),
         Task::Test(opts) => test::run(&opts),
         Task::Demo(opts) => demo::run(&opts),
+        Task::Dist(opts) => dist::run(&opts),
         Task::Bench(opts) => bench::run(&opts),
         Task::Book(opts) => book::run(&opts),
         Task::VmTest(opts) => vm::run(&opts),

@@ -1,0 +1,242 @@
+//! `cargo xtask dist`: what people install, in `target/dist`. A static
+//! `gostw` for x86_64 (the eBPF programs are embedded in it, so it is the
+//! whole tool), its SHA-256, and a `.deb` with the agent's systemd unit.
+//!
+//! Static by glibc's `crt-static` on the gnu target rather than musl: this
+//! machine's toolchains carry no musl standard library, and gostw calls
+//! nothing of glibc's that needs its shared parts at run time (no name
+//! service lookups: listen addresses are IP literals). Each artifact is
+//! checked before it is called done: the binary has no program interpreter
+//! and runs alone in an empty root; the package's own copy answers
+//! `--version`.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail, ensure};
+
+use crate::{
+    cmd::{exec, output, step, workspace_root},
+    setup,
+};
+
+const TARGET: &str = "x86_64-unknown-linux-gnu";
+const UNIT: &str = "deploy/systemd/gostw-agent.service";
+
+#[derive(clap::Args)]
+pub struct Options {
+    /// Skip the set-up step (the toolchains are already there).
+    #[arg(long)]
+    pub no_setup: bool,
+}
+
+pub fn run(opts: &Options) -> anyhow::Result<()> {
+    if !opts.no_setup {
+        setup::run(&setup::Options { minimal: true })?;
+    }
+    let root = workspace_root();
+    let dist = root.join("target/dist");
+    fs::create_dir_all(&dist)?;
+
+    step("static gostw (crt-static, x86_64)");
+    // The target's own RUSTFLAGS: the eBPF build that tracer's build script
+    // runs (another target) must not get crt-static.
+    exec(
+        Command::new("cargo")
+            .current_dir(&root)
+            .args(["build", "--release", "-p", "tracer", "--bin", "gostw"])
+            .args(["--target", TARGET])
+            .env(
+                "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
+                "-C target-feature=+crt-static",
+            ),
+    )?;
+    let built = root.join(format!("target/{TARGET}/release/gostw"));
+    let interp = interpreter(&fs::read(&built)?)?;
+    ensure!(
+        interp.is_none(),
+        "{} asks for a program interpreter ({interp:?}): not static",
+        built.display()
+    );
+    let version = version_of(&built)?;
+    let name = format!("gostw-{version}-x86_64-linux");
+    let binary = dist.join(&name);
+    fs::copy(&built, &binary)?;
+    runs_alone(&binary, &dist.join("empty-root"))?;
+
+    step("checksum");
+    let sum = output(Command::new("sha256sum").arg(&name).current_dir(&dist))?;
+    fs::write(dist.join(format!("{name}.sha256")), &sum)?;
+    eprint!("{sum}");
+
+    step(".deb");
+    let deb = deb(&root, &dist, &binary, &version)?;
+    eprintln!("\ndist: {} and {}", binary.display(), deb.display());
+    Ok(())
+}
+
+/// `gostw --version`'s version.
+fn version_of(binary: &Path) -> anyhow::Result<String> {
+    let out = output(Command::new(binary).arg("--version"))?;
+    out.split_whitespace()
+        .nth(1)
+        .map(str::to_owned)
+        .with_context(|| format!("no version in {out:?}"))
+}
+
+/// Run the binary in a root that holds nothing else (no C library, no
+/// loader): the proof that it needs none.
+fn runs_alone(binary: &Path, empty: &Path) -> anyhow::Result<()> {
+    let _ = fs::remove_dir_all(empty);
+    fs::create_dir_all(empty)?;
+    fs::copy(binary, empty.join("gostw"))?;
+    if !setup::is_root() {
+        eprintln!("dist: not root, so not run in an empty root (chroot needs root)");
+        return Ok(());
+    }
+    let out = output(
+        Command::new("chroot")
+            .arg(empty)
+            .args(["/gostw", "--version"]),
+    )?;
+    eprintln!("in an empty root: {}", out.trim());
+    fs::remove_dir_all(empty)?;
+    Ok(())
+}
+
+/// `gostw_VERSION_amd64.deb`: the binary in /usr/bin, the agent's unit
+/// (not enabled: it opens a port) in /lib/systemd/system.
+fn deb(root: &Path, dist: &Path, binary: &Path, version: &str) -> anyhow::Result<PathBuf> {
+    let tree = dist.join(format!("gostw_{version}_amd64"));
+    let _ = fs::remove_dir_all(&tree);
+    for dir in ["DEBIAN", "usr/bin", "lib/systemd/system"] {
+        fs::create_dir_all(tree.join(dir))?;
+    }
+    fs::copy(binary, tree.join("usr/bin/gostw"))?;
+    let unit = fs::read_to_string(root.join(UNIT))?;
+    ensure!(
+        unit.contains("/usr/local/bin/gostw"),
+        "{UNIT} no longer runs /usr/local/bin/gostw"
+    );
+    fs::write(
+        tree.join("lib/systemd/system/gostw-agent.service"),
+        unit.replace("/usr/local/bin/gostw", "/usr/bin/gostw"),
+    )?;
+    let size_kib = fs::metadata(binary)?.len().div_ceil(1024);
+    fs::write(tree.join("DEBIAN/control"), control(version, size_kib))?;
+    let deb = dist.join(format!("gostw_{version}_amd64.deb"));
+    exec(
+        Command::new("dpkg-deb")
+            .args(["--root-owner-group", "--build"])
+            .arg(&tree)
+            .arg(&deb),
+    )?;
+    fs::remove_dir_all(&tree)?;
+
+    // The package's own copy runs.
+    let unpacked = dist.join("deb-check");
+    let _ = fs::remove_dir_all(&unpacked);
+    exec(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked))?;
+    let v = version_of(&unpacked.join("usr/bin/gostw"))?;
+    ensure!(v == version, "the package's gostw says {v}, not {version}");
+    ensure!(
+        unpacked
+            .join("lib/systemd/system/gostw-agent.service")
+            .exists(),
+        "the package has no unit"
+    );
+    fs::remove_dir_all(&unpacked)?;
+    Ok(deb)
+}
+
+/// The package's control file.
+fn control(version: &str, size_kib: u64) -> String {
+    format!(
+        "Package: gostw\n\
+         Version: {version}\n\
+         Architecture: amd64\n\
+         Maintainer: gostw developers <gostw@localhost>\n\
+         Installed-Size: {size_kib}\n\
+         Section: utils\n\
+         Priority: optional\n\
+         Description: explain Go stop-the-world pauses on live processes\n \
+         gostw attaches to running Go programs with eBPF and says why each\n \
+         slow stop-the-world pause was slow: the goroutine that held it, page\n \
+         faults, reclaim, CPU throttling; and what goroutine stack growth costs.\n \
+         One static binary (the eBPF programs embedded) and the node agent's\n \
+         systemd unit (gostw-agent.service, not enabled).\n"
+    )
+}
+
+/// The program interpreter an ELF64 little-endian executable asks for
+/// (`PT_INTERP`), or none: a static binary has none.
+fn interpreter(elf: &[u8]) -> anyhow::Result<Option<String>> {
+    const PT_INTERP: u32 = 3;
+    let u16_at = |at: usize| {
+        elf.get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let u32_at = |at: usize| {
+        elf.get(at..at + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+    };
+    let u64_at = |at: usize| {
+        elf.get(at..at + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    };
+    if elf.get(..6) != Some(b"\x7fELF\x02\x01") {
+        bail!("not an ELF64 little-endian file");
+    }
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    else {
+        bail!("truncated ELF header");
+    };
+    for i in 0..usize::from(phnum) {
+        let ph = usize::try_from(phoff)? + i * usize::from(phentsize);
+        if u32_at(ph).context("truncated program header")? != PT_INTERP {
+            continue;
+        }
+        let (Some(offset), Some(size)) = (u64_at(ph + 8), u64_at(ph + 32)) else {
+            bail!("truncated program header");
+        };
+        let path = elf
+            .get(usize::try_from(offset)?..usize::try_from(offset + size)?)
+            .context("PT_INTERP past the end of the file")?;
+        return Ok(Some(
+            String::from_utf8_lossy(path)
+                .trim_end_matches('\0')
+                .to_owned(),
+        ));
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dynamic_executable_names_its_interpreter_and_a_static_one_none() {
+        // This test binary is dynamic: it names glibc's loader.
+        let me = fs::read(std::env::current_exe().unwrap()).unwrap();
+        let interp = interpreter(&me).unwrap().expect("a dynamic test binary");
+        assert!(interp.contains("ld-linux"), "{interp}");
+        // The same header with its PT_INTERP turned into PT_NULL has none.
+        let mut stripped = me.clone();
+        let phoff = u64::from_le_bytes(me[0x20..0x28].try_into().unwrap()) as usize;
+        let phentsize = usize::from(u16::from_le_bytes([me[0x36], me[0x37]]));
+        let phnum = usize::from(u16::from_le_bytes([me[0x38], me[0x39]]));
+        for i in 0..phnum {
+            let ph = phoff + i * phentsize;
+            if u32::from_le_bytes(me[ph..ph + 4].try_into().unwrap()) == 3 {
+                stripped[ph..ph + 4].copy_from_slice(&0u32.to_le_bytes());
+            }
+        }
+        assert_eq!(interpreter(&stripped).unwrap(), None);
+        assert!(interpreter(b"#!/bin/sh\n").is_err());
+        assert!(interpreter(b"\x7fELF\x02\x01").is_err());
+    }
+}
