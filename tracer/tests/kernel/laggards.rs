@@ -204,7 +204,13 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
                 (ns(&l["on_cpu_ns"]) + ns(&l["runnable_ns"])) * 2 >= ns(&l["ns"]),
                 "Go {v}: the spinner neither ran nor waited to run: {p}"
             );
-            assert!(ns(&l["on_cpu_ns"]) > 0, "Go {v}: never on a CPU: {p}");
+            // Never on a CPU only if it waited for one the whole time (seen
+            // under QEMU on 5.10: preempted by the kernel just before the
+            // stop, 5.5 ms runnable).
+            assert!(
+                ns(&l["on_cpu_ns"]) > 0 || l["state"] == "runnable",
+                "Go {v}: never on a CPU, nor waiting for one: {p}"
+            );
             // The M list is read when the stop begins: an M taking its P
             // back just then (after the last restart) is not on it yet, and
             // only the sampler finds the spinner (seen once: a 18.8 ms pause,
