@@ -67,12 +67,12 @@ pub const VM_TESTS: &[&str] = &[
 /// the host lacks): the host's kernel test step passes each as `--skip`.
 pub const HOST_SKIP: &[&str] = &["vm_env::", "backend_agreement::"];
 
-/// The kernels `cargo xtask test` boots by default (CI's run), one after the
-/// other: Debian 12's LTS, then 5.10 (where the older-kernel variants
-/// load), the two that passed the VM list in the last fresh-clone run. 6.12
-/// and 7.3 (passed by hand the same day) are one `--vm-kernels` away; each
-/// kernel adds 6-7 minutes.
-pub const CI_KERNELS: [&str; 2] = ["debian-6.1", "debian-5.10"];
+/// The kernels `cargo xtask test` boots by default (CI's run): Debian 12's
+/// LTS. 5.10, 6.12 and 7.3 (each passed the VM list by hand) are one
+/// `--vm-kernels` away; each kernel adds 6-7 minutes. 5.10 is not in CI
+/// while its guest can still stall under QEMU (once before its tests, once
+/// in the middle of them, `compat::` silent for 9 minutes).
+pub const CI_KERNELS: [&str; 1] = ["debian-6.1"];
 
 /// The Go versions of the VM's workloads: two of the matrix, both with Go's
 /// exact pause metrics (1.22+, the stopping test) and the layout the laggard
