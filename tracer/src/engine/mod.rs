@@ -40,7 +40,7 @@ use crate::{
     kernel::{Core, CoreOptions},
     memory::watch::ExposureWatch,
     model::{
-        backend::HostLimits,
+        backend::{BackendChoice, HostLimits},
         observed::{Observed, Sink},
     },
     stackgrowth::goroutines::GoroutineWatch,
@@ -198,23 +198,7 @@ impl Engine {
             // it now, off the event loop.
             crate::procfs::kallsyms::KernelSymbols::preload();
         }
-        let symbols_hidden = opts.explain && crate::procfs::kallsyms::host_addresses_hidden();
-        let mut out = Vec::new();
-        if opts.faults.is_none() {
-            // No fault backend to wait for: what the host takes is known now.
-            let degraded = HostLimits {
-                backend: None,
-                layout_error: core.object().compat().layout_error(),
-                symbols_hidden,
-                explain: opts.explain,
-                stacks: opts.stacks.is_some(),
-            }
-            .degraded();
-            if !degraded.is_empty() {
-                out.push(Observed::Degraded(degraded));
-            }
-        }
-        Ok(Engine {
+        let mut engine = Engine {
             tracker: Tracker::new(core, limits),
             reader,
             stream,
@@ -228,9 +212,30 @@ impl Engine {
             exposure: None,
             cost: crate::bpf_stats::CostWatch::start(),
             counted: None,
-            symbols_hidden,
-            out,
-        })
+            symbols_hidden: opts.explain && crate::procfs::kallsyms::host_addresses_hidden(),
+            out: Vec::new(),
+        };
+        if opts.faults.is_none() {
+            // No fault backend to wait for: what the host takes is known now.
+            engine.announce_degraded(None);
+        }
+        Ok(engine)
+    }
+
+    /// Say once what this host takes from the features in use, with the
+    /// fault backend in use (if any).
+    fn announce_degraded(&mut self, backend: Option<&BackendChoice>) {
+        let degraded = HostLimits {
+            backend,
+            layout_error: self.tracker.kernel().object().compat().layout_error(),
+            symbols_hidden: self.symbols_hidden,
+            explain: self.explain,
+            stacks: self.stacks,
+        }
+        .degraded();
+        if !degraded.is_empty() {
+            self.out.push(Observed::Degraded(degraded));
+        }
     }
 
     /// Read the traced processes' memory exposure at their start, every
@@ -497,19 +502,8 @@ impl Engine {
         let core = self.tracker.kernel();
         if let Some(choice) = core.fault_backend().cloned() {
             self.stream.set_file_faults_seen(choice.file_faults_seen);
-            // What this host takes from the features in use.
-            let degraded: Vec<_> = HostLimits {
-                backend: Some(&choice),
-                layout_error: core.object().compat().layout_error(),
-                symbols_hidden: self.symbols_hidden,
-                explain: self.explain,
-                stacks: self.stacks,
-            }
-            .degraded();
-            self.out.push(Observed::FaultBackend(choice));
-            if !degraded.is_empty() {
-                self.out.push(Observed::Degraded(degraded));
-            }
+            self.out.push(Observed::FaultBackend(choice.clone()));
+            self.announce_degraded(Some(&choice));
             self.announced_backend = true;
         } else if let Some(why) = core.fault_failure() {
             self.out.push(Observed::FaultsUnavailable(why.to_owned()));
