@@ -24,6 +24,9 @@ const APT_PACKAGES: &[&str] = &[
     "prometheus",
     "qemu-system-x86",
     "busybox-static",
+    // A real containerd and runc for the agent's container names test.
+    "containerd",
+    "runc",
     "cpio",
     "kmod",
 ];

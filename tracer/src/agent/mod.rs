@@ -34,7 +34,10 @@ use crate::{
         slow_pauses::{SlowPauseSink, SlowPauseStore, StoreLimits},
     },
     stackgrowth::Mode,
-    targets::{Target, discovery::Filter, tracker::Limits},
+    targets::{
+        Target, container_names::Resolver, containerd::Containerd, discovery::Filter,
+        tracker::Limits,
+    },
 };
 
 /// What the agent does (`cli::agent` makes it from the command line).
@@ -46,6 +49,9 @@ pub struct Options {
     pub debug_allow_remote: bool,
     pub filter: Filter,
     pub poll_interval: Duration,
+    /// containerd's socket, for containers' Kubernetes names (None: ids
+    /// only).
+    pub containerd_socket: Option<std::path::PathBuf>,
     pub max_executables: u32,
     pub max_label_sets: u32,
     /// Gather each pause's explanation (stopping phase, laggards, caller,
@@ -155,7 +161,14 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
         args.poll_interval,
         crate::units::fmt_ns(args.slow_pause.as_nanos() as u64)
     );
-    let mut target = Target::host(args.filter, args.poll_interval);
+    let names = match &args.containerd_socket {
+        Some(socket) => Some(
+            Resolver::start(Containerd::new(socket.clone())?)
+                .context("starting the container names thread")?,
+        ),
+        None => None,
+    };
+    let mut target = Target::host(args.filter, args.poll_interval, names);
     // The same stream to the metrics, the profiles and the records the HTTP
     // thread reads.
     let mut sink = (
@@ -240,6 +253,7 @@ mod tests {
                         .collect(),
                     exited: c.exited,
                     statuses: Vec::new(),
+                    scanned: true,
                 };
                 assert!(apply(tracker, stream, changes, false, out).is_none());
             };

@@ -52,6 +52,12 @@ pub struct Args {
     /// traced at most this long after they start). E.g. 500ms, 1s, 2m.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
     pub poll_interval: Duration,
+    /// containerd's socket, asked for the Kubernetes names (namespace, pod,
+    /// container) of the containers traced processes run in; "off": label
+    /// containers by id only. A process in a container waits up to 1s for
+    /// its names before it is traced.
+    #[arg(long, value_name = "PATH|off", default_value = tracer::targets::containerd::DEFAULT_SOCKET)]
+    pub containerd_socket: String,
     /// Executables traced at once; more are counted as attach failures.
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_executables: u32,
@@ -101,6 +107,8 @@ impl Args {
                 cgroup: self.cgroup,
             },
             poll_interval: self.poll_interval,
+            containerd_socket: (self.containerd_socket != "off")
+                .then(|| self.containerd_socket.into()),
             max_executables: self.max_executables,
             max_label_sets: self.max_label_sets,
             explain: !self.no_explain,

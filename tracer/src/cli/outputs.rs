@@ -10,7 +10,7 @@ use tracer::{
         profiles::{ProfileKind, path_for},
     },
     kernel::CoreOptions,
-    model::observed::Observed,
+    model::{labels::ProcessLabels, observed::Observed},
     sink::{
         Sink,
         file::{SharedFile, WholeFile, check_output_path, check_profile_path},
@@ -70,7 +70,7 @@ struct PauseFile {
     file: WholeFile,
     path: PathBuf,
     /// Executable and container of each traced process.
-    labels: HashMap<u32, (String, String)>,
+    labels: HashMap<u32, ProcessLabels>,
 }
 
 /// The file sinks of one trace.
@@ -180,19 +180,13 @@ impl Sink for Outputs {
         if let Some(p) = &mut self.pauses {
             match o {
                 Observed::Started(info) => {
-                    let l = &info.labels;
-                    p.labels
-                        .insert(info.pid, (l.executable.clone(), l.container.clone()));
+                    p.labels.insert(info.pid, info.labels.clone());
                 }
                 Observed::Pause(pause) => {
-                    let (exe, container) = p
-                        .labels
-                        .get(&pause.record.pid)
-                        .map_or(("", ""), |(e, c)| (e.as_str(), c.as_str()));
+                    let unknown = ProcessLabels::default();
                     p.profile.add(&ProfiledPause {
                         record: &pause.record,
-                        executable: exe,
-                        container,
+                        labels: p.labels.get(&pause.record.pid).unwrap_or(&unknown),
                     });
                 }
                 _ => {}

@@ -25,9 +25,16 @@ pub struct Args {
     /// Only this executable's pauses (its file name, the series' label).
     #[arg(long, value_name = "NAME")]
     pub executable: Option<String>,
-    /// Only this container's pauses (the series' label).
-    #[arg(long, value_name = "ID")]
+    /// Only this container's pauses (the series' label: its name where the
+    /// container runtime names it, else its id).
+    #[arg(long, value_name = "NAME")]
     pub container: Option<String>,
+    /// Only pauses of pods in this Kubernetes namespace.
+    #[arg(long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Only this Kubernetes pod's pauses.
+    #[arg(long, value_name = "POD")]
+    pub pod: Option<String>,
     /// Only this process's pauses.
     #[arg(long, value_name = "PID")]
     pub pid: Option<u32>,
@@ -59,6 +66,8 @@ impl Args {
         for (k, v) in [
             ("executable", &self.executable),
             ("container", &self.container),
+            ("namespace", &self.namespace),
+            ("pod", &self.pod),
         ] {
             if let Some(v) = v {
                 q.push(format!("{k}={}", percent_encode(v)));
@@ -136,6 +145,8 @@ mod tests {
             min: Some(Duration::from_millis(5)),
             executable: Some("my api".into()),
             container: None,
+            namespace: None,
+            pod: None,
             pid: Some(42),
             limit: 10,
             json: false,

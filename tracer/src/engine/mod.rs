@@ -362,6 +362,7 @@ impl Engine {
             exe_path: path.to_owned(),
             comm: String::new(),
             cgroup: std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default(),
+            names: None,
         };
         let changes = Changes {
             started: vec![(p, path.to_owned())],
@@ -471,6 +472,7 @@ impl Engine {
             self.goroutines.remove(pid);
         }
         let single = target.single().is_some();
+        let changes_scanned = changes.scanned;
         let failure = apply(
             &mut self.tracker,
             &mut self.stream,
@@ -478,7 +480,9 @@ impl Engine {
             single,
             &mut self.out,
         );
-        if let Some(h) = target.host_state() {
+        if let Some(h) = target.host_state()
+            && changes_scanned
+        {
             self.out.push(Observed::HostPolled {
                 known: h.known(),
                 took: polled.elapsed(),

@@ -9,11 +9,28 @@
 //!   caller (the code that asked for the stop).
 //!
 //! Every sample is labelled `role` (laggard or caller), `reason`,
-//! `executable` and `container`, so `-tagfocus` splits them; the stacks are
+//! `executable`, and `container`, `namespace` and `pod` where known, so
+//! `-tagfocus` splits them; the stacks are
 //! symbolized frames (no addresses), so profiles of many hosts merge.
 
 use super::pprof::{Label, Location, ProfileBuilder};
-use crate::{image::Frame, model::pause::PauseRecord};
+use crate::{
+    image::Frame,
+    model::{labels::ProcessLabels, pause::PauseRecord},
+};
+
+/// The container, namespace and pod labels of a sample, those that are
+/// known.
+pub fn container_labels(l: &ProcessLabels) -> impl Iterator<Item = Label> + '_ {
+    [
+        ("container", &l.container),
+        ("namespace", &l.namespace),
+        ("pod", &l.pod),
+    ]
+    .into_iter()
+    .filter(|(_, v)| !v.is_empty())
+    .map(|(k, v)| Label::str(k, v))
+}
 
 /// The profile's locations from symbolized frames, innermost first: each
 /// location ends at a frame that is not inlined into the next.
@@ -45,11 +62,10 @@ pub fn laggard_ns(r: &PauseRecord) -> u64 {
     })
 }
 
-/// One record of process labels `(executable, container)`.
+/// One record and the labels of its process.
 pub struct ProfiledPause<'a> {
     pub record: &'a PauseRecord,
-    pub executable: &'a str,
-    pub container: &'a str,
+    pub labels: &'a ProcessLabels,
 }
 
 /// A pause-time profile built as pauses come: memory grows with the
@@ -78,11 +94,9 @@ impl PauseProfile {
             let mut l = vec![
                 Label::str("role", role),
                 Label::str("reason", r.reason),
-                Label::str("executable", p.executable),
+                Label::str("executable", &p.labels.executable),
             ];
-            if !p.container.is_empty() {
-                l.push(Label::str("container", p.container));
-            }
+            l.extend(container_labels(p.labels));
             l
         };
         let mut added = false;
@@ -180,8 +194,10 @@ mod tests {
         let p = decode(&encode(
             &[ProfiledPause {
                 record: &r,
-                executable: "api",
-                container: "",
+                labels: &ProcessLabels {
+                    executable: "api".into(),
+                    ..Default::default()
+                },
             }],
             "test",
         ))

@@ -90,6 +90,8 @@ fn labels() -> ProcessLabels {
         go_version: "go1.26.6".into(),
         build_id: "abc".into(),
         container: String::new(),
+        namespace: String::new(),
+        pod: String::new(),
     }
 }
 

@@ -66,6 +66,8 @@ mod tests {
                 go_version: "go1.26.6".into(),
                 build_id: "b1".into(),
                 container: String::new(),
+                namespace: String::new(),
+                pod: String::new(),
             },
             go_version: "go1.26.6".into(),
             image: None,
@@ -114,7 +116,7 @@ mod tests {
         let s = report.summary(0);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, metrics.registry()).unwrap();
-        let l = r#"executable="api",go_version="go1.26.6",build_id="b1",container="""#;
+        let l = r#"executable="api",go_version="go1.26.6",build_id="b1",container="",namespace="",pod="""#;
 
         let by_reason = &s.processes[0].by_reason;
         assert_eq!(by_reason.len(), 3);

@@ -26,29 +26,9 @@ pub struct SlowPause {
     /// Unique on the host until it reboots, and the same for the same pause
     /// across agent restarts: `<pid>-<start, CLOCK_MONOTONIC ns>`.
     pub id: String,
-    pub labels: LabelsJson,
+    pub labels: ProcessLabels,
     #[serde(flatten)]
     pub record: PauseRecord,
-}
-
-/// The process's labels in a record (the series' label names).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
-pub struct LabelsJson {
-    pub executable: String,
-    pub go_version: String,
-    pub build_id: String,
-    pub container: String,
-}
-
-impl From<&ProcessLabels> for LabelsJson {
-    fn from(l: &ProcessLabels) -> LabelsJson {
-        LabelsJson {
-            executable: l.executable.clone(),
-            go_version: l.go_version.clone(),
-            build_id: l.build_id.clone(),
-            container: l.container.clone(),
-        }
-    }
 }
 
 /// The id of the record of pause `p` (see `SlowPause::id`).
@@ -61,7 +41,7 @@ impl SlowPause {
         SlowPause {
             kind: "pause",
             id: record_id(&record),
-            labels: labels.into(),
+            labels: labels.clone(),
             record,
         }
     }
@@ -79,6 +59,8 @@ pub struct StoreLimits {
 pub struct Query {
     pub executable: Option<String>,
     pub container: Option<String>,
+    pub namespace: Option<String>,
+    pub pod: Option<String>,
     pub pid: Option<u32>,
     /// At or after this wall-clock time.
     pub since_unix_ns: Option<u64>,
@@ -97,6 +79,11 @@ impl Query {
                 .container
                 .as_ref()
                 .is_none_or(|c| *c == p.labels.container)
+            && self
+                .namespace
+                .as_ref()
+                .is_none_or(|n| *n == p.labels.namespace)
+            && self.pod.as_ref().is_none_or(|n| *n == p.labels.pod)
             && self.pid.is_none_or(|pid| pid == p.record.pid)
             && self
                 .since_unix_ns
@@ -109,7 +96,7 @@ impl Query {
 pub struct SlowPauseStore {
     limits: StoreLimits,
     records: VecDeque<Arc<SlowPause>>,
-    per_set: HashMap<LabelsJson, usize>,
+    per_set: HashMap<ProcessLabels, usize>,
 }
 
 impl SlowPauseStore {

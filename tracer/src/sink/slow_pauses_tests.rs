@@ -9,6 +9,8 @@ fn labels(exe: &str) -> ProcessLabels {
         go_version: "go1.27.3".into(),
         build_id: String::new(),
         container: String::new(),
+        namespace: String::new(),
+        pod: String::new(),
     }
 }
 

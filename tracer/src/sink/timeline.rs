@@ -252,6 +252,8 @@ mod tests {
                 go_version: "go1.26.6".into(),
                 build_id: String::new(),
                 container: String::new(),
+                namespace: String::new(),
+                pod: String::new(),
             },
             go_version: "go1.26.6".into(),
             image: None,

@@ -11,6 +11,7 @@ use std::{
 use regex::Regex;
 
 pub use crate::image::ExeId;
+use crate::model::labels::ContainerNames;
 
 /// What the agent reads about a process. Every call may fail because the
 /// process exited in between; callers treat that as "gone".
@@ -140,6 +141,9 @@ pub struct NewProcess {
     pub exe_path: PathBuf,
     pub comm: String,
     pub cgroup: String,
+    /// Its container's names, where the container runtime gave them (the
+    /// agent's `container_names` fills this in).
+    pub names: Option<ContainerNames>,
 }
 
 /// What changed since the previous poll.
@@ -241,6 +245,7 @@ impl Discovery {
                 exe_path,
                 comm,
                 cgroup,
+                names: None,
             })
     }
 }

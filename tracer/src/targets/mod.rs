@@ -11,6 +11,8 @@
 //! - `tracker`: attach per executable, trace per process, bounded labels.
 
 pub mod child;
+pub mod container_names;
+pub mod containerd;
 pub mod cpu_throttle;
 pub mod discovery;
 pub mod exec_events;
@@ -27,6 +29,7 @@ use std::{
 
 use self::{
     child::StoppedChild,
+    container_names::Resolver,
     discovery::{Discovery, Filter, NewProcess, ProcFs, ProcSource as _},
     process::{ExitWatch, LiveProcess, TargetError},
 };
@@ -41,6 +44,9 @@ pub struct Changes {
     pub exited: Vec<u32>,
     /// Exit codes of processes gostw started.
     pub statuses: Vec<(u32, i32)>,
+    /// Whether the host's `/proc` was read for these (not only processes
+    /// released after waiting for their container's names).
+    pub scanned: bool,
 }
 
 /// One running process.
@@ -71,6 +77,9 @@ pub struct HostTarget {
     last_poll: Instant,
     /// How many exec notifications arrived (a health metric).
     pub exec_notifications: u64,
+    /// Container names from the runtime (None: not asked). Boxed: the
+    /// host target would otherwise be thrice the others' size.
+    names: Option<Box<Resolver>>,
 }
 
 impl HostTarget {
@@ -127,8 +136,9 @@ impl Target {
     }
 
     /// Every process of the host that `filter` accepts, polled every
-    /// `poll_interval` (and soon after an exec notification).
-    pub fn host(filter: Filter, poll_interval: Duration) -> Target {
+    /// `poll_interval` (and soon after an exec notification); processes in
+    /// containers named by `names` where it knows them.
+    pub fn host(filter: Filter, poll_interval: Duration, names: Option<Resolver>) -> Target {
         let execs = match exec_events::watch() {
             Ok(rx) => Some(rx),
             Err(e) => {
@@ -147,6 +157,7 @@ impl Target {
             next_poll: now,
             last_poll: now,
             exec_notifications: 0,
+            names: names.map(Box::new),
         })
     }
 
@@ -195,6 +206,7 @@ impl Target {
                         comm: String::new(),
                         cgroup: std::fs::read_to_string(format!("/proc/{}/cgroup", t.pid))
                             .unwrap_or_default(),
+                        names: None,
                     };
                     c.started.push((p, t.program.clone()));
                 } else if t.status.is_none()
@@ -218,23 +230,35 @@ impl Target {
                         h.next_poll = h.next_poll.min(h.last_poll + EXEC_POLL_GAP);
                     }
                 }
-                if now < h.next_poll {
-                    return Ok(None);
-                }
-                h.last_poll = now;
-                h.next_poll = now + h.poll_interval;
-                let changes = h.discovery.poll(&h.proc)?;
-                Ok(Some(Changes {
-                    started: changes
+                let scanned = now >= h.next_poll;
+                let (mut started, mut exited) = (Vec::new(), Vec::new());
+                if scanned {
+                    h.last_poll = now;
+                    h.next_poll = now + h.poll_interval;
+                    let changes = h.discovery.poll(&h.proc)?;
+                    started = changes
                         .started
                         .into_iter()
                         .map(|p| {
                             let link = h.proc.exe_link(p.pid);
                             (p, link)
                         })
-                        .collect(),
-                    exited: changes.exited,
+                        .collect();
+                    exited = changes.exited;
+                }
+                if let Some(names) = &mut h.names
+                    && (scanned || names.holding())
+                {
+                    started = names.pass(started, &exited, now);
+                }
+                if !scanned && started.is_empty() {
+                    return Ok(None);
+                }
+                Ok(Some(Changes {
+                    started,
+                    exited,
                     statuses: Vec::new(),
+                    scanned,
                 }))
             }
         }

@@ -231,6 +231,7 @@ impl LiveProcess {
             exe_path: PathBuf::from(&self.exe_name),
             comm: read("comm").trim_end().to_owned(),
             cgroup: read("cgroup"),
+            names: None,
         }
     }
 

@@ -154,7 +154,7 @@ pub struct Limits {
     /// Executables with probes at once.
     pub max_executables: usize,
     /// Distinct label sets (executable x container) at once; beyond it the
-    /// container label becomes `_overflow`.
+    /// container label becomes `_overflow` (and namespace and pod empty).
     pub max_label_sets: usize,
     /// Executables remembered as "not Go" or "failed" (forgotten in bulk
     /// past this, so a host that runs many binaries stays bounded).
@@ -364,11 +364,18 @@ impl<K: Kernel> Tracker<K> {
             go_version: exe.go_version.clone(),
             build_id: exe.build_id.clone(),
             container: labels::container(&p.cgroup),
+            namespace: String::new(),
+            pod: String::new(),
         };
+        if let Some(names) = &p.names {
+            labels.name(names);
+        }
         if !self.label_sets.contains_key(&labels)
             && self.label_sets.len() >= self.limits.max_label_sets
         {
             labels.container = OVERFLOW.to_owned();
+            labels.namespace.clear();
+            labels.pod.clear();
             out.push(Observed::LabelsOverflowed);
         }
         *self.label_sets.entry(labels.clone()).or_default() += 1;

@@ -93,6 +93,7 @@ fn proc(pid: u32, ino: u64, path: &str) -> NewProcess {
         exe_path: PathBuf::from(path),
         comm: String::new(),
         cgroup: "0::/\n".into(),
+        names: None,
     }
 }
 
@@ -231,7 +232,7 @@ fn stop_the_world_entries_are_counted_as_deltas_including_at_exit() {
     let mut s = String::new();
     prometheus_client::encoding::text::encode(&mut s, m.registry()).unwrap();
     assert!(
-        s.contains(r#"gostw_stop_the_world_entries_total{executable="a",go_version="go1.26.6",build_id="b1",container=""} 9"#),
+        s.contains(r#"gostw_stop_the_world_entries_total{executable="a",go_version="go1.26.6",build_id="b1",container="",namespace="",pod=""} 9"#),
         "{s}"
     );
     assert_eq!(t.kernel.untraced, [1]);
@@ -253,7 +254,8 @@ fn cpu_samples_are_counted_as_deltas_including_at_exit() {
     exit(&mut t, 1, &mut m);
     let mut s = String::new();
     prometheus_client::encoding::text::encode(&mut s, m.registry()).unwrap();
-    let l = r#"executable="a",go_version="go1.26.6",build_id="b1",container="""#;
+    let l =
+        r#"executable="a",go_version="go1.26.6",build_id="b1",container="",namespace="",pod="""#;
     for want in [
         format!("gostw_cpu_samples_total{{{l}}} 450\n"),
         format!("gostw_stack_growth_samples_total{{{l}}} 60\n"),

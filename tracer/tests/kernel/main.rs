@@ -15,6 +15,7 @@ mod bpf_stats;
 mod callers;
 mod check;
 mod compat;
+mod containers;
 mod faults;
 mod formats;
 mod goroutine_residency;

@@ -98,6 +98,8 @@ fn parse(params: &HashMap<String, String>, now_unix_ns: u64) -> Result<(Query, b
         match k.as_str() {
             "executable" => q.executable = Some(v.clone()),
             "container" => q.container = Some(v.clone()),
+            "namespace" => q.namespace = Some(v.clone()),
+            "pod" => q.pod = Some(v.clone()),
             "pid" => q.pid = Some(v.parse().map_err(|_| format!("pid={v}: not a pid"))?),
             "min" => q.min_ns = Some(duration()?),
             "since" => {
@@ -121,7 +123,7 @@ fn parse(params: &HashMap<String, String>, now_unix_ns: u64) -> Result<(Query, b
             }
             _ => {
                 return Err(format!(
-                    "unknown parameter {k}: executable, container, pid, since, min, limit, format"
+                    "unknown parameter {k}: executable, container, namespace, pod, pid, since, min, limit, format"
                 ));
             }
         }
@@ -171,8 +173,7 @@ pub fn profile(
         .iter()
         .map(|r| ProfiledPause {
             record: &r.record,
-            executable: &r.labels.executable,
-            container: &r.labels.container,
+            labels: &r.labels,
         })
         .collect();
     let mut query: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -264,6 +265,8 @@ mod tests {
                 go_version: "go1.27.3".into(),
                 build_id: String::new(),
                 container: String::new(),
+                namespace: String::new(),
+                pod: String::new(),
             };
             store.insert(Arc::new(SlowPause::new(
                 &labels,

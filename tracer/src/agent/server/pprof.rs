@@ -141,6 +141,8 @@ pub async fn answer(
             ("go_version", &l.go_version),
             ("build_id", &l.build_id),
             ("container", &l.container),
+            ("namespace", &l.namespace),
+            ("pod", &l.pod),
         ])
     };
     let mut query: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -211,6 +213,8 @@ mod tests {
             go_version: "go1.26.6".into(),
             build_id: "b1".into(),
             container: String::new(),
+            namespace: String::new(),
+            pod: String::new(),
         }
     }
 

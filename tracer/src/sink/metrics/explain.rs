@@ -263,6 +263,8 @@ mod tests {
             go_version: "go1.26.6".into(),
             build_id: "b1".into(),
             container: String::new(),
+            namespace: String::new(),
+            pod: String::new(),
         };
         let info = Arc::new(ProcessInfo {
             pid: PID,
@@ -304,7 +306,7 @@ mod tests {
         let s = report.summary(0);
         let mut text = String::new();
         encode(&mut text, metrics.registry()).unwrap();
-        let l = r#"executable="api",go_version="go1.26.6",build_id="b1",container="",reason="gc_sweep_termination""#;
+        let l = r#"executable="api",go_version="go1.26.6",build_id="b1",container="",namespace="",pod="",reason="gc_sweep_termination""#;
 
         let by_reason = &s.processes[0].by_reason[0];
         assert_eq!(by_reason.reason, "gc_sweep_termination");

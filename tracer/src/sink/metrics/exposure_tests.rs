@@ -22,6 +22,8 @@ fn labels(exe: &str) -> ProcessLabels {
         go_version: "go1.26.6".to_owned(),
         build_id: "abc".to_owned(),
         container: String::new(),
+        namespace: String::new(),
+        pod: String::new(),
     }
 }
 
@@ -53,7 +55,8 @@ fn text(m: &Metrics) -> String {
     s
 }
 
-const L: &str = r#"executable="api",go_version="go1.26.6",build_id="abc",container="""#;
+const L: &str =
+    r#"executable="api",go_version="go1.26.6",build_id="abc",container="",namespace="",pod="""#;
 
 fn series(class: &str, state: &str, v: u64) -> String {
     format!(r#"gostw_process_memory_bytes{{{L},class="{class}",state="{state}"}} {v}"#)

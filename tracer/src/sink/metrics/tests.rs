@@ -11,6 +11,8 @@ fn labels(exe: &str) -> ProcessLabels {
         go_version: "go1.22.10".to_owned(),
         build_id: "abc".to_owned(),
         container: String::new(),
+        namespace: String::new(),
+        pod: String::new(),
     }
 }
 
@@ -67,7 +69,7 @@ fn series_have_base_units_and_vanish_with_their_processes() {
         99,
     );
     let t = text(&m);
-    let l = r#"executable="api",go_version="go1.22.10",build_id="abc",container="""#;
+    let l = r#"executable="api",go_version="go1.22.10",build_id="abc",container="",namespace="",pod="""#;
     for want in [
         format!(
             r#"gostw_pause_duration_seconds_bucket{{le="0.05",{l},reason="gc_mark_termination"}} 1"#

@@ -391,9 +391,7 @@ impl Snapshot {
             let mut extra = Vec::new();
             if how.set_labels {
                 extra.push(Label::str("executable", &set.labels.executable));
-                if !set.labels.container.is_empty() {
-                    extra.push(Label::str("container", &set.labels.container));
-                }
+                extra.extend(crate::formats::pause_profile::container_labels(&set.labels));
             }
             // Sorted, so the same snapshot gives the same bytes.
             let mut samples: Vec<(&SampleKey, &Values)> = set.samples.iter().collect();

@@ -7,6 +7,8 @@ fn labels(exe: &str) -> ProcessLabels {
         go_version: "go1.26.6".into(),
         build_id: "b1".into(),
         container: String::new(),
+        namespace: String::new(),
+        pod: String::new(),
     }
 }
 

@@ -26,6 +26,8 @@ fn info() -> Arc<ProcessInfo> {
             go_version: "go1.26.6".into(),
             build_id: "b1".into(),
             container: String::new(),
+            namespace: String::new(),
+            pod: String::new(),
         },
         go_version: "go1.26.6".into(),
         image: None,

@@ -36,6 +36,8 @@ fn started(pid: u32) -> Observed {
             go_version: "go1.26.6".into(),
             build_id: String::new(),
             container: String::new(),
+            namespace: String::new(),
+            pod: String::new(),
         },
         go_version: "go1.26.6".into(),
         image: None,

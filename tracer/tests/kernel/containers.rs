@@ -1,0 +1,295 @@
+//! Processes in containers of a real containerd (Debian's package, started
+//! here with its own socket, root and state): the agent labels their series
+//! and slow-pause records with the Kubernetes names that CRI puts on every
+//! container (`io.kubernetes.pod.name`, `...pod.namespace`,
+//! `...container.name`), here set by `ctr run --label` as CRI would; a
+//! container without them keeps its id; a container started in its place
+//! (as Kubernetes does at a restart or a rollout, under a new id) gets its
+//! own names and the old series go.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use crate::{
+    agent::{Procs, start_agent, sum_series},
+    loopback::{free_port, http_get, wait_until},
+    support::{build_workload_env, newest_go, require_root},
+};
+
+/// A containerd of this test's own, its containers removed on drop.
+struct Containerd {
+    socket: PathBuf,
+    dir: PathBuf,
+    containers: Vec<String>,
+}
+
+impl Containerd {
+    fn start(procs: &mut Procs) -> Containerd {
+        for tool in ["containerd", "ctr", "runc", "containerd-shim-runc-v2"] {
+            assert!(
+                Command::new("sh")
+                    .args(["-c", &format!("command -v {tool}")])
+                    .stdout(Stdio::null())
+                    .status()
+                    .unwrap()
+                    .success(),
+                "{tool} not found: `cargo xtask setup` installs Debian's containerd and runc"
+            );
+        }
+        let dir = procs.dir().join("containerd");
+        fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("containerd.sock");
+        let config = dir.join("config.toml");
+        // No CRI plugin (it would want CNI): containers are made with ctr.
+        fs::write(
+            &config,
+            format!(
+                "version = 2\nroot = \"{0}/root\"\nstate = \"{0}/state\"\n\
+                 disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+                 [grpc]\n  address = \"{1}\"\n[ttrpc]\n  address = \"{1}.ttrpc\"\n",
+                dir.display(),
+                socket.display()
+            ),
+        )
+        .unwrap();
+        let log = fs::File::create(dir.join("containerd.log")).unwrap();
+        procs.spawn(
+            "containerd",
+            Command::new("containerd")
+                .arg("--config")
+                .arg(&config)
+                .stdout(Stdio::null())
+                .stderr(log),
+        );
+        let c = Containerd {
+            socket,
+            dir,
+            containers: Vec::new(),
+        };
+        wait_until("containerd to answer", Duration::from_secs(30), || {
+            c.ctr(&["version"]).then_some(())
+        });
+        c
+    }
+
+    fn ctr(&self, args: &[&str]) -> bool {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(&self.socket)
+            .args(["--namespace", "k8s.io"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    }
+
+    /// Run `program` (with `args`) as `/<its file name>` in a container of
+    /// its own rootfs, with `labels`; returns the 64-hex container id.
+    fn run(&mut self, program: &Path, args: &[&str], labels: &[(&str, &str)]) -> String {
+        let id = random_id();
+        let rootfs = self.dir.join(format!("rootfs-{}", &id[..12]));
+        fs::create_dir_all(&rootfs).unwrap();
+        let name = program.file_name().unwrap().to_str().unwrap();
+        fs::copy(program, rootfs.join(name)).unwrap();
+        let mut cmd: Vec<String> = vec!["run".into(), "--rootfs".into(), "--detach".into()];
+        for (k, v) in labels {
+            cmd.extend(["--label".into(), format!("{k}={v}")]);
+        }
+        cmd.extend([rootfs.display().to_string(), id.clone(), format!("/{name}")]);
+        cmd.extend(args.iter().map(|a| a.to_string()));
+        let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        assert!(self.ctr(&cmd), "ctr {cmd:?} failed");
+        self.containers.push(id.clone());
+        id
+    }
+
+    /// Kill and delete container `id`.
+    fn remove(&mut self, id: &str) {
+        self.ctr(&["task", "kill", "--signal", "SIGKILL", id]);
+        wait_until("the task to stop", Duration::from_secs(10), || {
+            self.ctr(&["task", "delete", id]).then_some(())
+        });
+        assert!(self.ctr(&["container", "delete", id]), "deleting {id}");
+        self.containers.retain(|c| c != id);
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        for id in std::mem::take(&mut self.containers) {
+            self.ctr(&["task", "kill", "--signal", "SIGKILL", &id]);
+            for _ in 0..50 {
+                if self.ctr(&["task", "delete", &id]) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            self.ctr(&["container", "delete", &id]);
+        }
+    }
+}
+
+/// A fresh 64-hex container id, as runtimes make them.
+fn random_id() -> String {
+    let bytes = fs::read("/proc/sys/kernel/random/uuid").unwrap();
+    let more = fs::read("/proc/sys/kernel/random/uuid").unwrap();
+    let hex: String = [bytes, more]
+        .concat()
+        .into_iter()
+        .filter(u8::is_ascii_hexdigit)
+        .map(char::from)
+        .collect();
+    hex[..64].to_owned()
+}
+
+/// `labels` as `Containerd::run` takes them.
+fn pairs<'a>(labels: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    labels.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+/// The slow-pause records the agent serves for `query` (JSON lines).
+fn records(port: u16, query: &str) -> Vec<serde_json::Value> {
+    let (status, body) = http_get(port, &format!("/debug/pauses?format=json&{query}"))
+        .expect("the agent answers /debug/pauses");
+    assert_eq!(status, 200, "{body}");
+    body.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn agent_names_pods_namespaces_and_containers_from_containerd() {
+    require_root();
+    let go = newest_go();
+    // Static: the container's root holds nothing but the program.
+    let bin = build_workload_env("stw", &go, "-static", &[], &[("CGO_ENABLED", "0")]);
+    let mut procs = Procs::new("containers");
+    let mut containerd = Containerd::start(&mut procs);
+    // Named for this run, so the agent traces this test's containers only.
+    let program = procs
+        .dir()
+        .join(format!("gostw-ctr-{}", std::process::id()));
+    fs::copy(&bin, &program).unwrap();
+    let exe = program.file_name().unwrap().to_str().unwrap().to_owned();
+    let port = free_port();
+    let socket = containerd.socket.display().to_string();
+    let log = start_agent(
+        &mut procs,
+        port,
+        &format!("^/{exe}$"),
+        &["--containerd-socket", &socket, "--slow-pause", "0"],
+    );
+    let workload = ["-duration", "60s", "-gc", "1", "-alloc-mb", "4"];
+    let k8s = |pod: &str| {
+        vec![
+            ("io.kubernetes.pod.name", pod.to_owned()),
+            ("io.kubernetes.pod.namespace", "shop".to_owned()),
+            ("io.kubernetes.container.name", "app".to_owned()),
+        ]
+    };
+    let web0 = k8s("web-0");
+    let named = containerd.run(&program, &workload, &pairs(&web0));
+    let plain = containerd.run(&program, &workload, &[]);
+    let entries = |filters: &[&str]| -> f64 {
+        let (_, body) = http_get(port, "/metrics").unwrap_or_default();
+        let mut f = vec![format!("executable=\"{exe}\"")];
+        f.extend(filters.iter().map(|s| s.to_string()));
+        let f: Vec<&str> = f.iter().map(String::as_str).collect();
+        sum_series(&body, "gostw_stop_the_world_entries_total", &f)
+    };
+    let series = |filters: &[&str]| {
+        wait_until(
+            &format!("a series with {filters:?}"),
+            Duration::from_secs(30),
+            || (entries(filters) > 0.0).then_some(()),
+        )
+    };
+    series(&[
+        r#"container="app""#,
+        r#"namespace="shop""#,
+        r#"pod="web-0""#,
+    ]);
+    let plain_labels = [
+        format!("container=\"{}\"", &plain[..12]),
+        r#"namespace="""#.to_owned(),
+        r#"pod="""#.to_owned(),
+    ];
+    series(&plain_labels.iter().map(String::as_str).collect::<Vec<_>>());
+    // Nothing labelled wrongly: every series of the program is one of the two.
+    let all = entries(&[]);
+    let web0_now = entries(&[r#"pod="web-0""#]);
+    let plain_now = entries(&plain_labels.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        (all - web0_now - plain_now).abs() < 1e-9,
+        "series other than the two containers' ({all} entries, {web0_now} + {plain_now})"
+    );
+
+    // The records carry the same names, and the query selects by them.
+    let by_pod = records(port, "pod=web-0&limit=100000");
+    assert!(!by_pod.is_empty(), "no slow-pause record of pod web-0");
+    for r in &by_pod {
+        assert_eq!(
+            (
+                &r["labels"]["namespace"],
+                &r["labels"]["pod"],
+                &r["labels"]["container"]
+            ),
+            (
+                &serde_json::json!("shop"),
+                &serde_json::json!("web-0"),
+                &serde_json::json!("app")
+            ),
+            "{r}"
+        );
+    }
+    let everything = records(port, &format!("executable={exe}&limit=100000"));
+    let unnamed: Vec<&serde_json::Value> = everything
+        .iter()
+        .filter(|r| r["labels"]["pod"] == "")
+        .collect();
+    assert!(!unnamed.is_empty(), "no record of the unlabelled container");
+    for r in &unnamed {
+        assert_eq!(r["labels"]["container"], plain[..12], "{r}");
+        assert_eq!(r["labels"]["namespace"], "", "{r}");
+    }
+    assert!(
+        everything.len() >= by_pod.len() + unnamed.len(),
+        "{} records, {} of web-0, {} unnamed",
+        everything.len(),
+        by_pod.len(),
+        unnamed.len()
+    );
+
+    // A new pod in the old one's place (a rollout: new id, new names): its
+    // own series appear and the old pod's go with its process.
+    containerd.remove(&named);
+    let web1 = k8s("web-1");
+    containerd.run(&program, &workload, &pairs(&web1));
+    series(&[
+        r#"container="app""#,
+        r#"namespace="shop""#,
+        r#"pod="web-1""#,
+    ]);
+    wait_until(
+        "the old pod's series to go",
+        Duration::from_secs(30),
+        || (entries(&[r#"pod="web-0""#]) == 0.0).then_some(()),
+    );
+    let agent_log = fs::read_to_string(&log).unwrap();
+    assert!(
+        !agent_log.contains("container names unavailable"),
+        "the agent could not ask containerd:\n{agent_log}"
+    );
+    eprintln!(
+        "records: {} of pod web-0, {} of the unlabelled container, {} in all",
+        by_pod.len(),
+        unnamed.len(),
+        everything.len()
+    );
+}
