@@ -50,18 +50,10 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     crate::pageout::run(&gostw, &gcswap)
 }
 
-/// Build gostw in release mode; returns the binary.
+/// Build gostw in release mode, static (the binary `cargo xtask dist`
+/// ships); returns it.
 pub fn build_gostw_release() -> anyhow::Result<PathBuf> {
-    step("build gostw (release)");
-    exec(Command::new("cargo").current_dir(workspace_root()).args([
-        "build",
-        "--release",
-        "--package",
-        "tracer",
-        "--bin",
-        "gostw",
-    ]))?;
-    Ok(workspace_root().join("target/release/gostw"))
+    crate::dist::build_static()
 }
 
 /// Build the bundled `stw` workload with `toolchain`; returns the binary.

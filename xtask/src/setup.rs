@@ -27,6 +27,9 @@ const APT_PACKAGES: &[&str] = &[
     // A real containerd and runc for the agent's container names test.
     "containerd",
     "runc",
+    // The agent's image: built and run by `cargo xtask dist`.
+    "buildah",
+    "podman",
     "cpio",
     "kmod",
 ];

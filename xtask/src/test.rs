@@ -114,6 +114,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             step("unit tests");
             exec(cargo().args(["test", "--workspace", "--exclude", "tracer-ebpf"]))
         })?;
+        timed("dist", &mut || crate::dist::artifacts(&release))?;
         for round in 1..=opts.repeat {
             let of = if opts.repeat > 1 {
                 format!(" (run {round} of {})", opts.repeat)

@@ -131,3 +131,39 @@ fn squeezed_go_process_swaps_in_and_do_swap_page_kprobe_fires() {
     assert!(swapped > 0, "{kernel}: nothing was swapped in");
     assert!(hits > 0, "{kernel}: the do_swap_page kprobe never fired");
 }
+
+/// The guest's `gostw` (where the tests find theirs) is the static release
+/// binary `cargo xtask dist` ships: no program interpreter, and no C library
+/// of its own build in the guest's busybox root beside it; every test of the
+/// VM list runs it there.
+#[test]
+fn the_guests_gostw_is_the_static_release_binary() {
+    let kernel = vm_kernel().unwrap_or_else(|| {
+        panic!("VM only (the payload puts the static release gostw in the guest): run `cargo xtask vm-test`")
+    });
+    let gostw = env!("CARGO_BIN_EXE_gostw");
+    let data = fs::read(gostw).unwrap();
+    let elf = object::read::elf::ElfFile64::<object::Endianness>::parse(&*data).unwrap();
+    let endian = elf.endian();
+    let interp = elf
+        .elf_program_headers()
+        .iter()
+        .any(|ph| ph.p_type.get(endian) == object::elf::PT_INTERP);
+    assert!(
+        !interp,
+        "{kernel}: {gostw} asks for a program interpreter: not the static build"
+    );
+    let version = std::process::Command::new(gostw)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(
+        version.status.success(),
+        "{kernel}: {gostw} --version failed"
+    );
+    eprintln!(
+        "{kernel}: {} ({} bytes, static)",
+        String::from_utf8_lossy(&version.stdout).trim(),
+        data.len()
+    );
+}

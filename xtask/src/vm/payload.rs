@@ -55,8 +55,13 @@ const GUEST_BIN: &str = "/gostw/bin";
 pub struct Binaries {
     /// The kernel test binary (`--test kernel`).
     pub tests: PathBuf,
-    /// The `gostw` binary (`CARGO_BIN_EXE_gostw` of the tests).
+    /// The `gostw` binary (`CARGO_BIN_EXE_gostw` of the tests): the path
+    /// the tests name.
     pub gostw: PathBuf,
+    /// What the guest finds at that path: the static release `gostw` that
+    /// `cargo xtask dist` ships, so the VM suite runs it on a userland that
+    /// is not the one it was built on (busybox, no C library of its own).
+    pub release: PathBuf,
 }
 
 /// Build the kernel test binary without running it; find it and `gostw` in
@@ -91,6 +96,7 @@ pub fn build_binaries() -> anyhow::Result<Binaries> {
     Ok(Binaries {
         tests: tests.context("cargo built no `kernel` test executable")?,
         gostw: gostw.context("cargo built no `gostw` executable")?,
+        release: crate::dist::build_static()?,
     })
 }
 
@@ -192,7 +198,10 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
     let mut links = vec![(root.clone(), PathBuf::from(GUEST_CHECKOUT))];
     let mut elves = vec![busybox.to_owned()];
     let mut guest_tests = None;
-    for bin in [&p.binaries.tests, &p.binaries.gostw] {
+    for (bin, source) in [
+        (&p.binaries.tests, &p.binaries.tests),
+        (&p.binaries.gostw, &p.binaries.release),
+    ] {
         let guest = guest_path(&root, bin)?;
         if !bin.starts_with(&root) {
             links.push((bin.clone(), guest.clone()));
@@ -202,11 +211,11 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
         exec(
             Command::new("strip")
                 .arg("--strip-debug")
-                .arg(bin)
+                .arg(source)
                 .arg("-o")
                 .arg(&dest),
         )?;
-        elves.push(bin.clone());
+        elves.push(source.clone());
         guest_tests.get_or_insert(guest);
     }
     let guest_workloads = stage.join(GUEST_WORKLOADS.trim_start_matches('/'));

@@ -1,6 +1,9 @@
 //! `cargo xtask dist`: what people install, in `target/dist`. A static
 //! `gostw` for x86_64 (the eBPF programs are embedded in it, so it is the
-//! whole tool), its SHA-256, and a `.deb` with the agent's systemd unit.
+//! whole tool), its SHA-256, a `.deb` with the agent's systemd unit, and the
+//! agent's container image (image.rs). The static binary is also the
+//! release `gostw` every other command builds (`build_static`): the tests,
+//! benches and the VM suite run what people install.
 //!
 //! Static by glibc's `crt-static` on the gnu target rather than musl: this
 //! machine's toolchains carry no musl standard library, and gostw calls
@@ -23,6 +26,8 @@ use crate::{
     setup,
 };
 
+mod image;
+
 const TARGET: &str = "x86_64-unknown-linux-gnu";
 const UNIT: &str = "deploy/systemd/gostw-agent.service";
 
@@ -37,11 +42,15 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     if !opts.no_setup {
         setup::run(&setup::Options { minimal: true })?;
     }
-    let root = workspace_root();
-    let dist = root.join("target/dist");
-    fs::create_dir_all(&dist)?;
+    let built = build_static()?;
+    artifacts(&built)
+}
 
-    step("static gostw (crt-static, x86_64)");
+/// Build the static release `gostw` (checked to have no program
+/// interpreter); returns it.
+pub fn build_static() -> anyhow::Result<PathBuf> {
+    step("build gostw (release, static: crt-static, x86_64)");
+    let root = workspace_root();
     // The target's own RUSTFLAGS: the eBPF build that tracer's build script
     // runs (another target) must not get crt-static.
     exec(
@@ -61,10 +70,20 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         "{} asks for a program interpreter ({interp:?}): not static",
         built.display()
     );
-    let version = version_of(&built)?;
+    Ok(built)
+}
+
+/// From the static `built`: the named binary run alone in an empty root,
+/// its checksum, the `.deb` and the image, each checked, in `target/dist`.
+pub fn artifacts(built: &Path) -> anyhow::Result<()> {
+    let root = workspace_root();
+    let dist = root.join("target/dist");
+    fs::create_dir_all(&dist)?;
+    step("dist: the binary alone");
+    let version = version_of(built)?;
     let name = format!("gostw-{version}-x86_64-linux");
     let binary = dist.join(&name);
-    fs::copy(&built, &binary)?;
+    fs::copy(built, &binary)?;
     runs_alone(&binary, &dist.join("empty-root"))?;
 
     step("checksum");
@@ -74,7 +93,14 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
 
     step(".deb");
     let deb = deb(&root, &dist, &binary, &version)?;
-    eprintln!("\ndist: {} and {}", binary.display(), deb.display());
+    step("container image (buildah, deploy/Dockerfile)");
+    let image = image::build_and_check(&dist, &binary, &version)?;
+    eprintln!(
+        "\ndist: {}, {} and {}",
+        binary.display(),
+        deb.display(),
+        image.display()
+    );
     Ok(())
 }
 
