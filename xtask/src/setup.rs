@@ -67,6 +67,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     if !opts.minimal {
         caddy()?;
         crate::book::install_mkdocs()?;
+        otlp_receiver()?;
     }
     eprintln!("setup: done");
     Ok(())
@@ -293,6 +294,43 @@ pub fn caddy_path() -> PathBuf {
         .join("caddy")
         .join(CADDY_VERSION)
         .join("bin/caddy")
+}
+
+/// The OTLP receiver of the agent's OTLP test (scripts/otlp-receiver):
+/// OpenTelemetry's protocol package and grpcio, from the Python package
+/// index.
+const OTLP_RECEIVER: [&str; 2] = ["opentelemetry-proto==1.45.2", "grpcio==1.85.3"];
+
+/// Where setup installs the receiver's packages; the kernel tests get it as
+/// `GOSTW_OTLP_PYTHONPATH`.
+pub fn otlp_receiver_path() -> PathBuf {
+    cache_dir()
+        .join("otlp-receiver")
+        .join(OTLP_RECEIVER.join("-").replace("==", "-"))
+}
+
+fn otlp_receiver() -> anyhow::Result<()> {
+    step(&format!(
+        "the OTLP receiver's Python packages ({})",
+        OTLP_RECEIVER.join(", ")
+    ));
+    let dir = otlp_receiver_path();
+    let imports = || {
+        succeeds(
+            Command::new("python3")
+                .args(["-c", "import grpc, opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc"])
+                .env("PYTHONPATH", &dir),
+        )
+    };
+    if imports() {
+        eprintln!("already installed in {}", dir.display());
+        return Ok(());
+    }
+    crate::cmd::pip_install_all(&OTLP_RECEIVER, &dir)?;
+    if !imports() {
+        bail!("{} installed but do not import", OTLP_RECEIVER.join(" "));
+    }
+    Ok(())
 }
 
 /// caddy, from the Python package index.

@@ -136,6 +136,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                     .args(&opts.kernel_test_args)
                     .env("GOSTW_GO_MATRIX", go::matrix_env())
                     .env("GOSTW_CADDY", setup::caddy_path())
+                    .env("GOSTW_OTLP_PYTHONPATH", setup::otlp_receiver_path())
                     .env("GOSTW_RELEASE_BIN", &release);
                 tally.run(&mut cmd)
             });

@@ -37,6 +37,7 @@ func main() {
 	spinChunk := flag.Duration("spin-chunk", 20*time.Millisecond, "how long each spinner's loop runs between safe points")
 	spinIn := flag.String("spin-in", "spinner", "the spinners' code: spinner (main.spinner, main.spinLoop) or other (main.otherSpinner, main.otherSpinLoop, the same loop under other names)")
 	interval := flag.Duration("interval", 0, "sleep this long between rounds")
+	hold := flag.Duration("hold", 0, "after the report, stay alive (and idle) this long: a tracer can read what it counted while the process lives")
 	startOnSignal := flag.Bool("start-on-signal", false, "wait for SIGUSR1 before doing anything (so a tracer can attach first and see every pause)")
 	flag.Parse()
 	if *startOnSignal {
@@ -91,6 +92,7 @@ func main() {
 		fmt.Println("GOSTW_WORK end")
 	}
 	report()
+	time.Sleep(*hold)
 	os.Exit(*exitCode)
 }
 

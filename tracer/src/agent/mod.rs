@@ -29,6 +29,7 @@ use crate::{
     },
     sink::{
         metrics::{Metrics, MetricsSink},
+        otlp::{OtlpOptions, OtlpSink, Protocol},
         pause_log::PauseLog,
         profile::{GrowthCounting, ProfileCollector, store::Store},
         slow_pauses::{SlowPauseSink, SlowPauseStore, StoreLimits},
@@ -65,6 +66,8 @@ pub struct Options {
     pub pause_log: PauseLogTo,
     pub pause_log_max_bytes: u64,
     pub pause_log_rate: u32,
+    /// Also send the metrics and slow-pause records over OTLP.
+    pub otlp: Option<OtlpOptions>,
 }
 
 /// Where the pause log goes.
@@ -171,7 +174,7 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
     let mut target = Target::host(args.filter, args.poll_interval, names);
     // The same stream to the metrics, the profiles and the records the HTTP
     // thread reads.
-    let mut sink = (
+    let sink = (
         (
             MetricsSink::new(metrics.clone())
                 .with_record_exemplars(args.slow_pause.as_nanos() as u64),
@@ -184,6 +187,25 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
             metrics.clone(),
         ),
     );
+    let otlp = match &args.otlp {
+        Some(o) => {
+            let sink = OtlpSink::start(o)?;
+            crate::say!(
+                "gostw agent: sending metrics every {:?} and slow-pause records over OTLP ({}) to {}",
+                o.interval,
+                match o.protocol {
+                    Protocol::Grpc => "grpc",
+                    Protocol::HttpProtobuf => "http/protobuf",
+                },
+                o.endpoint
+                    .as_deref()
+                    .unwrap_or("the endpoint of OTEL_EXPORTER_OTLP_* (or the default)")
+            );
+            Some(sink)
+        }
+        None => None,
+    };
+    let mut sink = (sink, otlp);
     let result = loop {
         // Back every second to see whether the HTTP server still runs.
         let mut check = Some(Until::After(Duration::from_secs(1)));
@@ -197,6 +219,9 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
         }
     };
     engine.finish(&mut sink);
+    if let Some(otlp) = sink.1.take() {
+        otlp.shutdown();
+    }
     let _ = server_done_tx.send(());
     let served = server
         .join()

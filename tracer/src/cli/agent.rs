@@ -6,7 +6,10 @@ use std::{net::SocketAddr, time::Duration};
 use regex::Regex;
 use tracer::{
     agent::{Options, PauseLogTo},
-    sink::slow_pauses::StoreLimits,
+    sink::{
+        otlp::{OtlpOptions, Protocol},
+        slow_pauses::StoreLimits,
+    },
     targets::discovery::Filter,
 };
 
@@ -58,6 +61,21 @@ pub struct Args {
     /// its names before it is traced.
     #[arg(long, value_name = "PATH|off", default_value = tracer::targets::containerd::DEFAULT_SOCKET)]
     pub containerd_socket: String,
+    /// Also send the metrics and slow-pause records (as log records) to this
+    /// OTLP receiver, e.g. http://127.0.0.1:4317 (grpc) or
+    /// http://127.0.0.1:4318 (http/protobuf: /v1/metrics and /v1/logs are
+    /// added). Without it, OTLP is on when OTEL_EXPORTER_OTLP_ENDPOINT (or
+    /// a signal's own variable) is set; the other OTEL_EXPORTER_OTLP_*
+    /// variables (headers, timeout, compression) are honoured.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc).
+    #[arg(long, value_name = "PROTOCOL")]
+    pub otlp_protocol: Option<Protocol>,
+    /// How often metrics are sent over OTLP (slow-pause records go within a
+    /// second).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub otlp_interval: Duration,
     /// Executables traced at once; more are counted as attach failures.
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_executables: u32,
@@ -99,6 +117,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 impl Args {
     fn options(self) -> Options {
+        let otlp = self.otlp();
         Options {
             listen: self.listen,
             debug_allow_remote: self.pprof_allow_remote,
@@ -125,7 +144,34 @@ impl Args {
             },
             pause_log_max_bytes: self.pause_log_max_mib << 20,
             pause_log_rate: self.pause_log_rate,
+            otlp,
         }
+    }
+
+    /// OTLP if an endpoint is given here or in the environment.
+    fn otlp(&self) -> Option<OtlpOptions> {
+        let from_env = [
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        ]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()));
+        if self.otlp_endpoint.is_none() && !from_env {
+            return None;
+        }
+        let protocol = self.otlp_protocol.unwrap_or_else(|| {
+            std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL")
+                .ok()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(Protocol::Grpc)
+        });
+        Some(OtlpOptions {
+            endpoint: self.otlp_endpoint.clone(),
+            protocol,
+            interval: self.otlp_interval,
+            slow_pause_ns: self.slow_pause.as_nanos() as u64,
+            host_name: tracer::procfs::host_name(),
+        })
     }
 }
 

@@ -12,6 +12,7 @@
 
 pub mod file;
 pub mod metrics;
+pub mod otlp;
 pub mod pause_log;
 pub mod profile;
 pub mod report;

@@ -24,6 +24,7 @@ mod laggards;
 mod live_lines;
 mod memory;
 mod memory_trace;
+mod otlp;
 mod outputs;
 mod pageout_breakdown;
 mod pauses;

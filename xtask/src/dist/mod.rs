@@ -162,19 +162,43 @@ fn deb(root: &Path, dist: &Path, binary: &Path, version: &str) -> anyhow::Result
     )?;
     fs::remove_dir_all(&tree)?;
 
-    // The package's own copy runs.
-    let unpacked = dist.join("deb-check");
-    let _ = fs::remove_dir_all(&unpacked);
-    exec(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked))?;
-    let v = version_of(&unpacked.join("usr/bin/gostw"))?;
-    ensure!(v == version, "the package's gostw says {v}, not {version}");
+    // dpkg installs it into an empty root of its own (its own package
+    // database), where the installed gostw runs alone.
+    let root = dist.join("deb-check");
+    let _ = fs::remove_dir_all(&root);
+    let admin = root.join("var/lib/dpkg");
+    fs::create_dir_all(admin.join("info"))?;
+    fs::create_dir_all(admin.join("updates"))?;
+    fs::write(admin.join("status"), "")?;
+    if setup::is_root() {
+        exec(
+            Command::new("dpkg")
+                .arg(format!("--root={}", root.display()))
+                .arg(format!("--admindir={}", admin.display()))
+                .arg("--install")
+                .arg(&deb),
+        )?;
+        let out = output(
+            Command::new("chroot")
+                .arg(&root)
+                .args(["/usr/bin/gostw", "--version"]),
+        )?;
+        ensure!(
+            out.split_whitespace().nth(1) == Some(version),
+            "the installed gostw says {out:?}, not {version}"
+        );
+        eprintln!("installed by dpkg into an empty root: {}", out.trim());
+    } else {
+        eprintln!("dist: not root, so the package is unpacked, not installed");
+        exec(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
+        let v = version_of(&root.join("usr/bin/gostw"))?;
+        ensure!(v == version, "the package's gostw says {v}, not {version}");
+    }
     ensure!(
-        unpacked
-            .join("lib/systemd/system/gostw-agent.service")
-            .exists(),
+        root.join("lib/systemd/system/gostw-agent.service").exists(),
         "the package has no unit"
     );
-    fs::remove_dir_all(&unpacked)?;
+    fs::remove_dir_all(&root)?;
     Ok(deb)
 }
 
