@@ -36,7 +36,11 @@ use crate::{
     },
     stackgrowth::Mode,
     targets::{
-        Target, container_names::Resolver, containerd::Containerd, discovery::Filter,
+        Target,
+        container_names::{Resolver, Runtime, Runtimes},
+        containerd::Containerd,
+        discovery::Filter,
+        podman::Podman,
         tracker::Limits,
     },
 };
@@ -50,9 +54,11 @@ pub struct Options {
     pub debug_allow_remote: bool,
     pub filter: Filter,
     pub poll_interval: Duration,
-    /// containerd's socket, for containers' Kubernetes names (None: ids
-    /// only).
+    /// containerd's socket, for containers' Kubernetes names (None: not
+    /// asked).
     pub containerd_socket: Option<std::path::PathBuf>,
+    /// Podman's storage root, for its containers' names (None: not read).
+    pub podman_root: Option<std::path::PathBuf>,
     pub max_executables: u32,
     pub max_label_sets: u32,
     /// Gather each pause's explanation (stopping phase, laggards, caller,
@@ -164,12 +170,17 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
         args.poll_interval,
         crate::units::fmt_ns(args.slow_pause.as_nanos() as u64)
     );
-    let names = match &args.containerd_socket {
-        Some(socket) => Some(
-            Resolver::start(Containerd::new(socket.clone())?)
-                .context("starting the container names thread")?,
-        ),
-        None => None,
+    let mut runtimes: Vec<Box<dyn Runtime>> = Vec::new();
+    if let Some(socket) = &args.containerd_socket {
+        runtimes.push(Box::new(Containerd::new(socket.clone())?));
+    }
+    if let Some(root) = &args.podman_root {
+        runtimes.push(Box::new(Podman::new(root.clone())));
+    }
+    let names = if runtimes.is_empty() {
+        None
+    } else {
+        Some(Resolver::start(Runtimes(runtimes)).context("starting the container names thread")?)
     };
     let mut target = Target::host(args.filter, args.poll_interval, names);
     // The same stream to the metrics, the profiles and the records the HTTP

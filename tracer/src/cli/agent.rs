@@ -61,6 +61,10 @@ pub struct Args {
     /// its names before it is traced.
     #[arg(long, value_name = "PATH|off", default_value = tracer::targets::containerd::DEFAULT_SOCKET)]
     pub containerd_socket: String,
+    /// Podman's storage root, read for the names of Podman's containers
+    /// (the `container` label); "off": not read.
+    #[arg(long, value_name = "PATH|off", default_value = tracer::targets::podman::DEFAULT_ROOT)]
+    pub podman_root: String,
     /// Also send the metrics and slow-pause records (as log records) to this
     /// OTLP receiver, e.g. http://127.0.0.1:4317 (grpc) or
     /// http://127.0.0.1:4318 (http/protobuf: /v1/metrics and /v1/logs are
@@ -128,6 +132,7 @@ impl Args {
             poll_interval: self.poll_interval,
             containerd_socket: (self.containerd_socket != "off")
                 .then(|| self.containerd_socket.into()),
+            podman_root: (self.podman_root != "off").then(|| self.podman_root.into()),
             max_executables: self.max_executables,
             max_label_sets: self.max_label_sets,
             explain: !self.no_explain,

@@ -136,7 +136,8 @@ pub fn container(cgroup: &str) -> String {
     truncate(path)
 }
 
-fn truncate(s: &str) -> String {
+/// `s` cut to the longest label value kept.
+pub fn truncate(s: &str) -> String {
     s.chars().take(MAX_VALUE).collect()
 }
 

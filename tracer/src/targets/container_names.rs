@@ -29,6 +29,40 @@ pub trait Runtime: Send + 'static {
     fn describe(&self) -> String;
 }
 
+/// Several runtimes asked in turn (containerd, then Podman's storage):
+/// the first that knows the container names it. An error only when every
+/// runtime failed, so a host without containerd but with Podman says
+/// nothing.
+pub struct Runtimes(pub Vec<Box<dyn Runtime>>);
+
+impl Runtime for Runtimes {
+    fn names(&mut self, id: &str) -> anyhow::Result<Option<ContainerNames>> {
+        let mut first_error = None;
+        let mut answered = false;
+        for r in &mut self.0 {
+            match r.names(id) {
+                Ok(Some(n)) => return Ok(Some(n)),
+                Ok(None) => answered = true,
+                Err(e) => {
+                    first_error.get_or_insert(e.context(r.describe()));
+                }
+            }
+        }
+        match first_error {
+            Some(e) if !answered => Err(e),
+            _ => Ok(None),
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.0
+            .iter()
+            .map(|r| r.describe())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// Longest a new process waits for its container's names.
 pub const MAX_WAIT: Duration = Duration::from_secs(1);
 
@@ -284,6 +318,29 @@ mod tests {
         );
         assert_eq!(out[0].0.names, None);
         assert_eq!(*asked.lock().unwrap(), 1);
+    }
+
+    #[test]
+    fn the_first_runtime_that_knows_a_container_names_it() {
+        let table = |known: &[(&str, &str)], fail| Table {
+            names: Arc::new(Mutex::new(
+                known
+                    .iter()
+                    .map(|(id, pod)| (id.to_string(), names(pod)))
+                    .collect(),
+            )),
+            asked: Arc::new(Mutex::new(0)),
+            fail,
+        };
+        let mut chain = Runtimes(vec![
+            Box::new(table(&[("a", "web-0")], true)),
+            Box::new(table(&[("b", "web-1")], false)),
+        ]);
+        assert_eq!(chain.names("b").unwrap(), Some(names("web-1")));
+        // One failed, one did not know it: unknown, not an error.
+        assert_eq!(chain.names("c").unwrap(), None);
+        let mut failing = Runtimes(vec![Box::new(table(&[], true))]);
+        assert!(failing.names("a").is_err());
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod containerd;
 pub mod cpu_throttle;
 pub mod discovery;
 pub mod exec_events;
+pub mod podman;
 pub mod process;
 pub mod tracker;
 

@@ -293,3 +293,128 @@ fn agent_names_pods_namespaces_and_containers_from_containerd() {
         everything.len()
     );
 }
+
+/// Podman (Debian's package, storage of this test's own): a container's
+/// name, read from Podman's storage, becomes its `container` label; with
+/// `--podman-root off` the same container is labelled by id.
+#[test]
+fn agent_names_podman_containers_from_their_storage() {
+    require_root();
+    let go = newest_go();
+    let bin = build_workload_env("stw", &go, "-static", &[], &[("CGO_ENABLED", "0")]);
+    let mut procs = Procs::new("podman");
+    let root = procs.dir().join("storage");
+    let podman = |args: &[&str]| {
+        let mut c = Command::new("podman");
+        c.arg("--root")
+            .arg(&root)
+            .arg("--runroot")
+            .arg(procs_dir_run(&root))
+            .args(["--storage-driver", "vfs"])
+            .args(args);
+        c
+    };
+    let exe = format!("gostw-pod-{}", std::process::id());
+    let context = procs.dir().join("image");
+    fs::create_dir_all(&context).unwrap();
+    fs::copy(&bin, context.join(&exe)).unwrap();
+    fs::write(
+        context.join("Containerfile"),
+        format!("FROM scratch\nCOPY {exe} /{exe}\nENTRYPOINT [\"/{exe}\"]\n"),
+    )
+    .unwrap();
+    let built = podman(&["build", "--quiet", "--tag", "localhost/gostw-stw-test"])
+        .arg(&context)
+        .stdout(Stdio::null())
+        .status()
+        .expect("podman not found: `cargo xtask setup` installs Debian's podman");
+    assert!(built.success(), "podman build failed");
+    let name = format!("stw-web-{}", std::process::id());
+    let run = |name: &str| {
+        let out = podman(&["run", "--detach", "--rm", "--network=host"])
+            // podman's default limits are more than runc may set on some hosts.
+            .args([
+                "--ulimit",
+                "nproc=1024:1024",
+                "--ulimit",
+                "nofile=1024:1024",
+            ])
+            .args(["--name", name])
+            .args([
+                "localhost/gostw-stw-test",
+                "-duration",
+                "60s",
+                "-gc",
+                "1",
+                "-alloc-mb",
+                "4",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "podman run: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let id = run(&name);
+    let _stop = Stop(Box::new({
+        let root = root.clone();
+        let name = name.clone();
+        move || {
+            let _ = Command::new("podman")
+                .arg("--root")
+                .arg(&root)
+                .arg("--runroot")
+                .arg(procs_dir_run(&root))
+                .args(["--storage-driver", "vfs", "rm", "--force", &name])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }));
+    let entries = |port: u16, label: &str| -> f64 {
+        let (_, body) = http_get(port, "/metrics").unwrap_or_default();
+        sum_series(
+            &body,
+            "gostw_stop_the_world_entries_total",
+            &[&format!("executable=\"{exe}\""), label],
+        )
+    };
+    for (podman_root, label) in [
+        (root.display().to_string(), format!("container=\"{name}\"")),
+        ("off".to_owned(), format!("container=\"{}\"", &id[..12])),
+    ] {
+        let port = free_port();
+        start_agent(
+            &mut procs,
+            port,
+            &format!("^/{exe}$"),
+            &["--containerd-socket", "off", "--podman-root", &podman_root],
+        );
+        wait_until(
+            &format!("a series with {label} (--podman-root {podman_root})"),
+            Duration::from_secs(30),
+            || (entries(port, &label) > 0.0).then_some(()),
+        );
+        let (_, p) = procs.children.pop().unwrap();
+        let mut agent = p;
+        let _ = agent.kill();
+        let _ = agent.wait();
+    }
+}
+
+/// Podman's run root beside its storage root.
+fn procs_dir_run(root: &Path) -> PathBuf {
+    root.with_file_name("run")
+}
+
+/// Runs its closure on drop (also when the test panics).
+struct Stop(Box<dyn FnMut()>);
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        (self.0)();
+    }
+}
