@@ -171,46 +171,34 @@ impl OtlpSink {
                 Protocol::HttpProtobuf => format!("{}{path}", e.trim_end_matches('/')),
             })
         };
-        let metrics = match o.protocol {
-            Protocol::Grpc => {
-                let b = MetricExporter::builder().with_tonic();
-                match url("") {
-                    Some(u) => b.with_endpoint(u).build(),
-                    None => b.build(),
+        // The same four ways for both signals' builders (distinct types).
+        macro_rules! exporter {
+            ($builder:expr, $path:literal) => {
+                match o.protocol {
+                    Protocol::Grpc => {
+                        let b = $builder.with_tonic();
+                        match url("") {
+                            Some(u) => b.with_endpoint(u).build(),
+                            None => b.build(),
+                        }
+                    }
+                    Protocol::HttpProtobuf => {
+                        let b = $builder
+                            .with_http()
+                            .with_http_client(http())
+                            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
+                        match url($path) {
+                            Some(u) => b.with_endpoint(u).build(),
+                            None => b.build(),
+                        }
+                    }
                 }
-            }
-            Protocol::HttpProtobuf => {
-                let b = MetricExporter::builder()
-                    .with_http()
-                    .with_http_client(http())
-                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
-                match url("/v1/metrics") {
-                    Some(u) => b.with_endpoint(u).build(),
-                    None => b.build(),
-                }
-            }
+            };
         }
-        .context("the OTLP metric exporter")?;
-        let logs = match o.protocol {
-            Protocol::Grpc => {
-                let b = LogExporter::builder().with_tonic();
-                match url("") {
-                    Some(u) => b.with_endpoint(u).build(),
-                    None => b.build(),
-                }
-            }
-            Protocol::HttpProtobuf => {
-                let b = LogExporter::builder()
-                    .with_http()
-                    .with_http_client(http())
-                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
-                match url("/v1/logs") {
-                    Some(u) => b.with_endpoint(u).build(),
-                    None => b.build(),
-                }
-            }
-        }
-        .context("the OTLP log exporter")?;
+        let metrics = exporter!(MetricExporter::builder(), "/v1/metrics")
+            .context("the OTLP metric exporter")?;
+        let logs =
+            exporter!(LogExporter::builder(), "/v1/logs").context("the OTLP log exporter")?;
         let resource = resource(&o.host_name);
         let meters = SdkMeterProvider::builder()
             .with_resource(resource.clone())
