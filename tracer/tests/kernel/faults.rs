@@ -564,7 +564,7 @@ fn neighbour_pressure_faults_agree_with_majflt() {
     }
     let go = newest_go();
     let path = build_workload("gcswap", &go, "", &[]);
-    let _neighbour = GcSwap::start(&path, &["-neighbour-mb", "128"], &[], |pid| cgroup.add(pid));
+    let _neighbour = GcSwap::start(&path, &["-neighbour-mb", "96"], &[], |pid| cgroup.add(pid));
     let started = std::time::Instant::now();
     let Outcome {
         summary,
