@@ -29,7 +29,7 @@ use crate::{
     },
     sink::{
         metrics::{Metrics, MetricsSink},
-        otlp::{OtlpOptions, OtlpSink, Protocol},
+        otlp::{OtlpOptions, OtlpSink},
         pause_log::PauseLog,
         profile::{GrowthCounting, ProfileCollector, store::Store},
         slow_pauses::{SlowPauseSink, SlowPauseStore, StoreLimits},
@@ -204,10 +204,7 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
             crate::say!(
                 "gostw agent: sending metrics every {:?} and slow-pause records over OTLP ({}) to {}",
                 o.interval,
-                match o.protocol {
-                    Protocol::Grpc => "grpc",
-                    Protocol::HttpProtobuf => "http/protobuf",
-                },
+                o.protocol.name(),
                 o.endpoint
                     .as_deref()
                     .unwrap_or("the endpoint of OTEL_EXPORTER_OTLP_* (or the default)")

@@ -50,7 +50,8 @@ pub struct OtlpOptions {
     /// `OTEL_EXPORTER_OTLP_*` environment variables say.
     pub endpoint: Option<String>,
     pub protocol: Protocol,
-    /// Metrics are sent this often (logs within a second of the pause).
+    /// Metrics are sent this often (logs as the SDK's batch processor
+    /// sends them).
     pub interval: Duration,
     /// Pauses at least this long become log records.
     pub slow_pause_ns: u64,
@@ -64,14 +65,26 @@ pub enum Protocol {
     HttpProtobuf,
 }
 
+impl Protocol {
+    /// The name `OTEL_EXPORTER_OTLP_PROTOCOL` gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "grpc",
+            Protocol::HttpProtobuf => "http/protobuf",
+        }
+    }
+}
+
 impl std::str::FromStr for Protocol {
     type Err = String;
     fn from_str(s: &str) -> Result<Protocol, String> {
-        match s {
-            "grpc" => Ok(Protocol::Grpc),
-            "http/protobuf" => Ok(Protocol::HttpProtobuf),
-            other => Err(format!(
-                "{other}: grpc or http/protobuf (http/json is not supported)"
+        match [Protocol::Grpc, Protocol::HttpProtobuf]
+            .into_iter()
+            .find(|p| p.name() == s)
+        {
+            Some(p) => Ok(p),
+            None => Err(format!(
+                "{s}: grpc or http/protobuf (http/json is not supported)"
             )),
         }
     }

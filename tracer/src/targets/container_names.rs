@@ -11,7 +11,7 @@
 //! in the log), never their tracing: unknown names stay empty.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     path::PathBuf,
     sync::mpsc::{Receiver, Sender, channel},
     time::{Duration, Instant},
@@ -89,7 +89,7 @@ pub struct Resolver {
     answers: Receiver<(String, Option<ContainerNames>)>,
     known: HashMap<String, (Option<ContainerNames>, Instant)>,
     /// Containers asked about and not yet answered.
-    asked: HashMap<String, Instant>,
+    asked: HashSet<String>,
     held: Vec<Held>,
 }
 
@@ -131,7 +131,7 @@ impl Resolver {
             ask,
             answers,
             known: HashMap::new(),
-            asked: HashMap::new(),
+            asked: HashSet::new(),
             held: Vec::new(),
         })
     }
@@ -149,22 +149,20 @@ impl Resolver {
             self.known.insert(id, (names, now));
         }
         self.held.retain(|h| !exited.contains(&h.started.0.pid));
+        let mut out = Vec::new();
         for s in started {
+            // Outside containers: nothing to ask, nothing to wait for.
             let Some(id) = container_id(&s.0.cgroup).map(str::to_owned) else {
-                self.held.push(Held {
-                    started: s,
-                    id: String::new(),
-                    until: now,
-                });
+                out.push(s);
                 continue;
             };
             let fresh = self
                 .known
                 .get(&id)
                 .is_some_and(|(_, at)| now.duration_since(*at) < FRESH_FOR);
-            if !fresh && !self.asked.contains_key(&id) && self.ask.send(id.clone()).is_ok() {
+            if !fresh && !self.asked.contains(&id) && self.ask.send(id.clone()).is_ok() {
                 self.known.remove(&id);
-                self.asked.insert(id.clone(), now);
+                self.asked.insert(id.clone());
             }
             self.held.push(Held {
                 started: s,
@@ -172,11 +170,10 @@ impl Resolver {
                 until: now + MAX_WAIT,
             });
         }
-        let mut out = Vec::new();
         let mut kept = Vec::new();
         for mut h in std::mem::take(&mut self.held) {
             let answer = self.known.get(&h.id);
-            if h.id.is_empty() || answer.is_some() || now >= h.until {
+            if answer.is_some() || now >= h.until {
                 h.started.0.names = answer.and_then(|(n, _)| n.clone());
                 out.push(h.started);
             } else {

@@ -108,25 +108,11 @@ impl Containerd {
 
     async fn labels(channel: Channel, id: &str) -> anyhow::Result<Option<HashMap<String, String>>> {
         let mut grpc = Grpc::new(channel);
+        // Kubernetes' namespace first; the others are listed only for a
+        // container that is not there (one call, not two, on a node).
         let mut namespaces = vec![KUBERNETES_NAMESPACE.to_owned()];
-        grpc.ready().await?;
-        let listed = grpc
-            .unary(
-                Request::new(ListNamespacesRequest::default()),
-                PathAndQuery::from_static("/containerd.services.namespaces.v1.Namespaces/List"),
-                ProstCodec::<ListNamespacesRequest, ListNamespacesResponse>::default(),
-            )
-            .await
-            .context("listing namespaces")?;
-        namespaces.extend(
-            listed
-                .into_inner()
-                .namespaces
-                .into_iter()
-                .map(|n| n.name)
-                .filter(|n| n != KUBERNETES_NAMESPACE),
-        );
-        for ns in namespaces {
+        let mut listed = false;
+        while let Some(ns) = namespaces.pop() {
             let mut request = Request::new(GetContainerRequest { id: id.to_owned() });
             request
                 .metadata_mut()
@@ -141,8 +127,29 @@ impl Containerd {
                 .await;
             match got {
                 Ok(r) => return Ok(r.into_inner().container.map(|c| c.labels)),
-                Err(s) if s.code() == Code::NotFound => continue,
+                Err(s) if s.code() == Code::NotFound => {}
                 Err(s) => return Err(s).with_context(|| format!("in namespace {ns}")),
+            }
+            if !listed {
+                listed = true;
+                grpc.ready().await?;
+                let all = grpc
+                    .unary(
+                        Request::new(ListNamespacesRequest::default()),
+                        PathAndQuery::from_static(
+                            "/containerd.services.namespaces.v1.Namespaces/List",
+                        ),
+                        ProstCodec::<ListNamespacesRequest, ListNamespacesResponse>::default(),
+                    )
+                    .await
+                    .context("listing namespaces")?;
+                namespaces.extend(
+                    all.into_inner()
+                        .namespaces
+                        .into_iter()
+                        .map(|n| n.name)
+                        .filter(|n| n != KUBERNETES_NAMESPACE),
+                );
             }
         }
         Ok(None)
