@@ -487,14 +487,19 @@ fn pauses_of_a_memory_cgroup_at_its_limit_name_reclaim_and_the_control_none() {
         .filter(|w| w["kind"] == "unknown" && w["thread"] == "laggard")
         .map(|w| ns(&w["ns"]))
         .sum();
+    // The largest part but for waiting for a CPU: on two CPUs the writer's
+    // and the other toucher's reclaim keep a woken toucher waiting, and that
+    // wait has come to a tie with reclaim itself (31% and 32%, one CI run).
     let (main, main_ns) = parts
         .iter()
+        .filter(|(k, _)| !k.ends_with("runnable_ns"))
         .map(|(k, v)| (k.as_str(), ns(v)))
         .max_by_key(|&(_, v)| v)
         .unwrap_or_default();
+    let reclaim_ns = ns(parts.get("reclaim_ns").unwrap_or(&Value::Null));
     eprintln!(
         "writer: {} pauses, {n} of 1 ms or more ({:.1} ms), {explained} explained to 10%: \
-         reclaim {:.1} ms, main part {main} {:.1} ms, unknown {:.1} ms",
+         reclaim {:.1} ms, main part but CPU waits {main} {:.1} ms, unknown {:.1} ms",
         pauses.len(),
         total as f64 / 1e6,
         ms(&parts, "reclaim_ns"),
@@ -509,6 +514,7 @@ fn pauses_of_a_memory_cgroup_at_its_limit_name_reclaim_and_the_control_none() {
     );
     assert!(reclaim_frames, "no reclaim wait with reclaim's frames");
     assert_eq!(main, "reclaim_ns", "{parts:?}");
+    assert!(reclaim_ns * 5 >= total, "reclaim under 20%: {parts:?}");
     // The laggards that held the slow pauses say it too.
     let in_reclaim = pauses
         .iter()
