@@ -60,9 +60,11 @@ const ARENA_INDEX_BYTES: u64 = ARENA_L2_ENTRIES * 8;
 const UNCOUNTED_SLACK: u64 = 128 << 10;
 /// The same in cgo builds, where anonymous memory C made and gostw could
 /// not tell apart counts as GC metadata (the report says so): once 166 KiB
-/// over (Go 1.27.3, a fresh-clone run with a CPU-bound program beside it;
-/// up to 34 KiB otherwise).
-const UNCOUNTED_SLACK_CGO: u64 = 256 << 10;
+/// over total - heap/* (Go 1.27.3, a fresh-clone run with a CPU-bound
+/// program beside it, where 252 KiB were carved from the arenas: 418 KiB
+/// over total - heap/* - carved if both were the same run; up to 34 KiB
+/// otherwise).
+const UNCOUNTED_SLACK_CGO: u64 = 512 << 10;
 
 pub(crate) fn gostw(args: &[&str]) -> Output {
     Command::new(GOSTW)
@@ -347,8 +349,10 @@ fn check_against_runtime_metrics(r: &Run) {
     // KiB (five 32 KiB work-buffer chunks) on Go 1.19 with cgo in 2 of 5
     // fresh-clone runs, 252 KiB on Go 1.27.3 with cgo, stripped, beside a
     // CPU-bound program.
-    // The metadata comparison below stays against total - heap/*: there
-    // gostw's GC metadata matched it with or without such buffers.
+    // Those buffers are in total - heap/* but not in gostw's GC metadata,
+    // so the metadata comparison below is against total - heap/* - carved
+    // (against total - heap/* it once came 138 KiB short: Go 1.19 with cgo,
+    // 160 KiB carved, a fresh-clone run).
     let mapped = n(heap, "mapped_bytes");
     let other_meta = metric(m, "metadata/other");
     assert!(
@@ -359,7 +363,7 @@ fn check_against_runtime_metrics(r: &Run) {
     if carved > 0 {
         eprintln!("heap arenas {carved} bytes over heap/*: GC work buffers in metadata/other");
     }
-    let non_heap_rt = metric(m, "total") - heap_rt;
+    let non_heap_rt = metric(m, "total") - heap_rt - carved;
     let touched = n(heap, "resident_bytes") + n(heap, "swapped_bytes");
     let in_use = heap_rt - released;
     // With transparent huge pages always on (Debian's kernels), whole 2 MiB
@@ -395,7 +399,7 @@ fn check_against_runtime_metrics(r: &Run) {
     };
     assert!(
         meta_mapped >= non_heap_rt && meta_mapped - non_heap_rt <= slack,
-        "GC metadata mapped {meta_mapped} (without the arena index) vs total - heap/* {non_heap_rt}"
+        "GC metadata mapped {meta_mapped} (without the arena index) vs total - heap/* - carved {non_heap_rt}"
     );
     let inuse = metric(m, "metadata/mspan/inuse") + metric(m, "metadata/mcache/inuse");
     let meta_touched = n(meta, "resident_bytes") + n(meta, "swapped_bytes");
