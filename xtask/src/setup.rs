@@ -30,6 +30,8 @@ const APT_PACKAGES: &[&str] = &[
     // The agent's image: built and run by `cargo xtask dist`.
     "buildah",
     "podman",
+    // Docker's daemon for the agent's Docker names test (started by it).
+    "docker.io",
     "cpio",
     "kmod",
 ];

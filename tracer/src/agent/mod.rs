@@ -40,6 +40,7 @@ use crate::{
         container_names::{Resolver, Runtime, Runtimes},
         containerd::Containerd,
         discovery::Filter,
+        docker::Docker,
         podman::Podman,
         tracker::Limits,
     },
@@ -59,6 +60,8 @@ pub struct Options {
     pub containerd_socket: Option<std::path::PathBuf>,
     /// Podman's storage root, for its containers' names (None: not read).
     pub podman_root: Option<std::path::PathBuf>,
+    /// Docker's socket, asked for its containers' names.
+    pub docker_socket: Option<std::path::PathBuf>,
     pub max_executables: u32,
     pub max_label_sets: u32,
     /// Gather each pause's explanation (stopping phase, laggards, caller,
@@ -173,6 +176,9 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
     let mut runtimes: Vec<Box<dyn Runtime>> = Vec::new();
     if let Some(socket) = &args.containerd_socket {
         runtimes.push(Box::new(Containerd::new(socket.clone())?));
+    }
+    if let Some(socket) = &args.docker_socket {
+        runtimes.push(Box::new(Docker::new(socket.clone())));
     }
     if let Some(root) = &args.podman_root {
         runtimes.push(Box::new(Podman::new(root.clone())));

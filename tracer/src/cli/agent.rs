@@ -65,6 +65,11 @@ pub struct Args {
     /// (the `container` label); "off": not read.
     #[arg(long, value_name = "PATH|off", default_value = tracer::targets::podman::DEFAULT_ROOT)]
     pub podman_root: String,
+    /// Docker's socket, asked for the names of Docker's containers (the
+    /// Kubernetes labels under cri-dockerd, else the container's name);
+    /// "off": not asked.
+    #[arg(long, value_name = "PATH|off", default_value = tracer::targets::docker::DEFAULT_SOCKET)]
+    pub docker_socket: String,
     /// Also send the metrics and slow-pause records (as log records) to this
     /// OTLP receiver, e.g. http://127.0.0.1:4317 (grpc) or
     /// http://127.0.0.1:4318 (http/protobuf: /v1/metrics and /v1/logs are
@@ -133,6 +138,7 @@ impl Args {
             containerd_socket: (self.containerd_socket != "off")
                 .then(|| self.containerd_socket.into()),
             podman_root: (self.podman_root != "off").then(|| self.podman_root.into()),
+            docker_socket: (self.docker_socket != "off").then(|| self.docker_socket.into()),
             max_executables: self.max_executables,
             max_label_sets: self.max_label_sets,
             explain: !self.no_explain,

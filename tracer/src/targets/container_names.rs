@@ -29,7 +29,7 @@ pub trait Runtime: Send + 'static {
     fn describe(&self) -> String;
 }
 
-/// Several runtimes asked in turn (containerd, then Podman's storage):
+/// Several runtimes asked in turn (containerd, Docker, Podman's storage):
 /// the first that knows the container names it. An error only when every
 /// runtime failed, so a host without containerd but with Podman says
 /// nothing.

@@ -15,6 +15,7 @@ pub mod container_names;
 pub mod containerd;
 pub mod cpu_throttle;
 pub mod discovery;
+pub mod docker;
 pub mod exec_events;
 pub mod podman;
 pub mod process;

@@ -418,3 +418,208 @@ impl Drop for Stop {
         (self.0)();
     }
 }
+
+/// A Docker daemon of this test's own (Debian's docker.io; its own socket,
+/// data and exec roots, no network set-up), its containers removed and the
+/// daemon stopped on drop.
+struct Dockerd {
+    socket: PathBuf,
+    daemon: std::process::Child,
+    containers: Vec<String>,
+}
+
+impl Dockerd {
+    fn start(dir: &Path) -> Dockerd {
+        assert!(
+            Path::new("/usr/sbin/dockerd").exists(),
+            "dockerd not found: `cargo xtask setup` installs Debian's docker.io"
+        );
+        fs::create_dir_all(dir).unwrap();
+        let socket = dir.join("docker.sock");
+        let daemon = Command::new("/usr/sbin/dockerd")
+            .arg(format!("--host=unix://{}", socket.display()))
+            .arg(format!("--data-root={}", dir.join("data").display()))
+            .arg(format!("--exec-root={}", dir.join("exec").display()))
+            .arg(format!("--pidfile={}", dir.join("docker.pid").display()))
+            .args(["--iptables=false", "--ip6tables=false", "--bridge=none"])
+            .args(["--storage-driver", "vfs"])
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(dir.join("dockerd.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let d = Dockerd {
+            socket,
+            daemon,
+            containers: Vec::new(),
+        };
+        wait_until("dockerd to answer", Duration::from_secs(30), || {
+            d.docker(&["version"]).status.success().then_some(())
+        });
+        d
+    }
+
+    fn docker(&self, args: &[&str]) -> std::process::Output {
+        // Debian's client, the daemon's own version.
+        Command::new("/usr/bin/docker")
+            .arg(format!("--host=unix://{}", self.socket.display()))
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// Run `image` (with `args`) as container `name` with `labels`; returns
+    /// its 64-hex id.
+    fn run(&mut self, name: &str, image: &str, args: &[&str], labels: &[(&str, &str)]) -> String {
+        let mut cmd = vec![
+            "run".to_owned(),
+            "--detach".into(),
+            "--network=none".into(),
+            format!("--name={name}"),
+        ];
+        cmd.extend(labels.iter().map(|(k, v)| format!("--label={k}={v}")));
+        cmd.push(image.into());
+        cmd.extend(args.iter().map(|a| a.to_string()));
+        let out = self.docker(&cmd.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(
+            out.status.success(),
+            "docker run: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.containers.push(name.to_owned());
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+}
+
+impl Drop for Dockerd {
+    fn drop(&mut self) {
+        for name in std::mem::take(&mut self.containers) {
+            self.docker(&["rm", "--force", &name]);
+        }
+        // SIGTERM: dockerd stops the containerd it started.
+        let _ = Command::new("kill")
+            .arg(self.daemon.id().to_string())
+            .status();
+        for _ in 0..100 {
+            if self.daemon.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+    }
+}
+
+/// Docker (Debian's docker.io, a daemon of this test's own): a container
+/// with Kubernetes' labels (as cri-dockerd makes them) is labelled with its
+/// pod, namespace and container name; one without them by its Docker name;
+/// with `--docker-socket off` the same container is labelled by its id.
+#[test]
+fn agent_names_docker_containers_from_the_engine_api() {
+    require_root();
+    let go = newest_go();
+    let bin = build_workload_env("stw", &go, "-static", &[], &[("CGO_ENABLED", "0")]);
+    let mut procs = Procs::new("docker");
+    let exe = format!("gostw-dock-{}", std::process::id());
+    let rootfs = procs.dir().join("rootfs");
+    fs::create_dir_all(&rootfs).unwrap();
+    fs::copy(&bin, rootfs.join(&exe)).unwrap();
+    let tar = procs.dir().join("rootfs.tar");
+    assert!(
+        Command::new("tar")
+            .arg("-C")
+            .arg(&rootfs)
+            .arg("-cf")
+            .arg(&tar)
+            .arg(".")
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut docker = Dockerd::start(&procs.dir().join("dockerd"));
+    let image = "gostw-stw-test";
+    let out = docker.docker(&["import", &tar.display().to_string(), image]);
+    assert!(
+        out.status.success(),
+        "docker import: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let program = format!("/{exe}");
+    let workload = [&program, "-duration", "60s", "-gc", "1", "-alloc-mb", "4"];
+    let suffix = std::process::id();
+    let plain = format!("stw-plain-{suffix}");
+    let plain_id = docker.run(&plain, image, &workload, &[("team", "payments")]);
+    docker.run(
+        &format!("k8s_app_web-0_shop-{suffix}"),
+        image,
+        &workload,
+        &[
+            ("io.kubernetes.pod.name", "web-0"),
+            ("io.kubernetes.pod.namespace", "shop"),
+            ("io.kubernetes.container.name", "app"),
+        ],
+    );
+    let entries = |port: u16, labels: &[&str]| -> f64 {
+        let (_, body) = http_get(port, "/metrics").unwrap_or_default();
+        let mut f = vec![format!("executable=\"{exe}\"")];
+        f.extend(labels.iter().map(|s| s.to_string()));
+        let f: Vec<&str> = f.iter().map(String::as_str).collect();
+        sum_series(&body, "gostw_stop_the_world_entries_total", &f)
+    };
+    let socket = docker.socket.display().to_string();
+    let by_name = format!("container=\"{plain}\"");
+    let by_id = format!("container=\"{}\"", &plain_id[..12]);
+    for (docker_socket, expected) in [
+        (
+            socket.as_str(),
+            vec![
+                vec![by_name.as_str(), r#"pod="""#, r#"namespace="""#],
+                vec![
+                    r#"container="app""#,
+                    r#"pod="web-0""#,
+                    r#"namespace="shop""#,
+                ],
+            ],
+        ),
+        ("off", vec![vec![by_id.as_str(), r#"pod="""#]]),
+    ] {
+        let port = free_port();
+        let log = start_agent(
+            &mut procs,
+            port,
+            &format!("^/{exe}$"),
+            &[
+                "--containerd-socket",
+                "off",
+                "--podman-root",
+                "off",
+                "--docker-socket",
+                docker_socket,
+            ],
+        );
+        for labels in &expected {
+            wait_until(
+                &format!("a series with {labels:?} (--docker-socket {docker_socket})"),
+                Duration::from_secs(30),
+                || (entries(port, labels) > 0.0).then_some(()),
+            );
+        }
+        if docker_socket != "off" {
+            // Every series of the program is one of the two containers'.
+            let all = entries(port, &[]);
+            let named: f64 = expected.iter().map(|l| entries(port, l)).sum();
+            assert!(
+                (all - named).abs() < 1e-9,
+                "series other than the two containers' ({all} entries, {named} named)"
+            );
+            let agent_log = fs::read_to_string(&log).unwrap();
+            assert!(
+                !agent_log.contains("container names unavailable"),
+                "the agent could not ask Docker:\n{agent_log}"
+            );
+        }
+        let (_, mut agent) = procs.children.pop().unwrap();
+        let _ = agent.kill();
+        let _ = agent.wait();
+    }
+}
