@@ -1,0 +1,349 @@
+//! One recorded stream through every sink: the numbers agree across them,
+//! and each output is byte for byte the one kept in `golden/` (so a change
+//! of any output shows in review; `GOSTW_BLESS=1 cargo test -p tracer --lib
+//! golden` rewrites the files after an intended change).
+
+use std::{
+    io::{self, Write},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+
+use super::{
+    Sink as _,
+    metrics::{Metrics, MetricsSink},
+    report::{Output, ReportSink, View},
+    slow_pauses::{Query, SlowPauseSink, SlowPauseStore, StoreLimits},
+    timeline::TimelineSink,
+};
+use crate::{
+    clock::WallClock,
+    engine::{
+        correlate::GRACE_NS,
+        stream::{
+            Stream, StreamOptions,
+            tests::{fault_event, pause_event},
+        },
+    },
+    model::labels::ProcessLabels,
+    model::observed::{Observed, ProcessInfo},
+};
+
+const MS: u64 = 1_000_000;
+
+/// Two GCs and a ReadMemStats of one process; faults inside (stopper and
+/// another thread, one ending after the pause), between and after them.
+fn recorded_stream() -> Vec<Observed> {
+    let pid = 7;
+    let info = Arc::new(ProcessInfo {
+        pid,
+        exe: "/srv/api".into(),
+        labels: ProcessLabels {
+            executable: "api".into(),
+            go_version: "go1.26.6".into(),
+            build_id: "b1".into(),
+            container: String::new(),
+            namespace: String::new(),
+            pod: String::new(),
+        },
+        go_version: "go1.26.6".into(),
+        image: None,
+    });
+    let mut stream = Stream::new(
+        WallClock::default(),
+        StreamOptions {
+            faults: true,
+            stacks: false,
+        },
+    );
+    let mut out = vec![Observed::Started(info)];
+    let records = [
+        fault_event(pid, pid, 1_000 * MS, 1_002 * MS),
+        fault_event(pid, pid + 1, 1_001 * MS, 1_030 * MS),
+        pause_event(pid, 2, 1_000 * MS, 10 * MS),
+        fault_event(pid, pid, 1_005 * MS, 1_006 * MS),
+        fault_event(pid, pid, 1_100 * MS, 1_101 * MS),
+        pause_event(pid, 1, 1_200 * MS, 300_000),
+        pause_event(pid, 7, 1_500 * MS, 2 * MS),
+        fault_event(pid, pid, 1_501 * MS, 1_503 * MS),
+        fault_event(pid, pid, 1_600 * MS, 1_601 * MS),
+    ];
+    for r in &records {
+        stream.feed(r, &mut out);
+    }
+    stream.settle(1_600 * MS + GRACE_NS + 1, &mut out);
+    stream.exited(pid, &mut out);
+    out.push(Observed::Exited {
+        pid,
+        last_of_labels: false,
+    });
+    out
+}
+
+/// The value of the first series line starting with `prefix`.
+fn value(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+}
+
+/// One recorded stream, two sinks: the report's numbers and the
+/// metrics' numbers are the same.
+#[test]
+fn a_recorded_stream_gives_both_sinks_the_same_numbers() {
+    let out = recorded_stream();
+    let mut report = ReportSink::new(
+        View::Trace,
+        Output::new(Box::new(std::io::sink()), true, u64::MAX),
+        true,
+        None,
+    );
+    let metrics = Arc::new(Metrics::new());
+    let mut both = (report, MetricsSink::new(metrics.clone()));
+    both.observe_all(&out);
+    report = both.0;
+    let s = report.summary(0);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, metrics.registry()).unwrap();
+    let l =
+        r#"executable="api",go_version="go1.26.6",build_id="b1",container="",namespace="",pod="""#;
+
+    let by_reason = &s.processes[0].by_reason;
+    assert_eq!(by_reason.len(), 3);
+    for r in by_reason {
+        let series = format!("{{{l},reason=\"{}\"}}", r.reason);
+        let count = value(
+            &text,
+            &format!("gostw_pause_duration_seconds_count{series}"),
+        );
+        let sum = value(&text, &format!("gostw_pause_duration_seconds_sum{series}"));
+        assert_eq!(count, r.count as f64, "{}", r.reason);
+        assert!(
+            (sum - r.total_ns as f64 / 1e9).abs() < 1e-12,
+            "{}",
+            r.reason
+        );
+    }
+    let f = &s.faults.as_ref().unwrap().processes[0];
+    let inside = value(
+        &text,
+        &format!("gostw_major_faults_total{{{l},in_pause=\"true\",backing=\"swap\"}}"),
+    );
+    let outside = value(
+        &text,
+        &format!("gostw_major_faults_total{{{l},in_pause=\"false\",backing=\"swap\"}}"),
+    );
+    assert_eq!((f.in_pauses.faults, f.outside_pauses.faults), (4, 2));
+    assert_eq!((inside, outside), (4.0, 2.0));
+    // Faults per pause: the histogram's sum is the faults in records.
+    let per_pause = value(&text, &format!("gostw_pause_major_faults_sum{{{l}}}"));
+    let in_records: u64 = s
+        .faults
+        .as_ref()
+        .unwrap()
+        .pauses
+        .iter()
+        .map(|p| p.all.faults)
+        .sum();
+    assert_eq!(per_pause, in_records as f64);
+}
+
+/// A `Write` whose bytes the test reads afterwards.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+/// The report of `view` as text or JSON: live lines (every pause), then
+/// the summary.
+fn report(stream: &[Observed], view: View, json: bool) -> String {
+    let out = Captured::default();
+    let mut r = ReportSink::new(
+        view,
+        Output::new(Box::new(out.clone()), json, 0),
+        true,
+        None,
+    );
+    r.observe_all(stream);
+    r.finish(2_000 * MS).unwrap();
+    out.text()
+}
+
+/// What differs from one machine or run to the next, made constant: local
+/// times of day (the time zone's; the JSON keeps the clocks as numbers)
+/// and the timeline's command line (the test binary's).
+fn normalized(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let b = text.as_bytes();
+    let mut i = 0;
+    // HH:MM:SS.uuuuuu
+    let shape = b"dd:dd:dd.dddddd";
+    while i < b.len() {
+        let is_time = b.len() - i >= shape.len()
+            && shape.iter().zip(&b[i..]).all(|(s, c)| match s {
+                b'd' => c.is_ascii_digit(),
+                s => s == c,
+            });
+        if is_time {
+            out.push_str("HH:MM:SS.uuuuuu");
+            i += shape.len();
+        } else {
+            let c = text[i..].chars().next().unwrap();
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    match out.find("\"command\":\"") {
+        Some(at) => {
+            let from = at + "\"command\":\"".len();
+            let to = from + out[from..].find('"').unwrap();
+            out.replace_range(from..to, "COMMAND");
+            out
+        }
+        None => out,
+    }
+}
+
+/// Every output of `stream`, by file name in `golden/`.
+fn outputs(stream: &[Observed]) -> Vec<(&'static str, String)> {
+    let metrics = Arc::new(Metrics::new());
+    let mut m = MetricsSink::new(metrics.clone());
+    m.observe_all(stream);
+    let mut prometheus = String::new();
+    prometheus_client::encoding::text::encode(&mut prometheus, metrics.registry()).unwrap();
+
+    let timeline_out = Captured::default();
+    let mut timeline = TimelineSink::new(Box::new(timeline_out.clone())).unwrap();
+    timeline.observe_all(stream);
+    timeline.finish().unwrap();
+
+    let store = Arc::new(Mutex::new(SlowPauseStore::new(StoreLimits {
+        total: 100,
+        per_label_set: 100,
+    })));
+    let mut slow = SlowPauseSink::new(store.clone(), MS, None, Arc::new(Metrics::new()));
+    slow.observe_all(stream);
+    let records: String = store
+        .lock()
+        .unwrap()
+        .query(&Query::default())
+        .iter()
+        .map(|p| serde_json::to_string(&**p).unwrap() + "\n")
+        .collect();
+
+    vec![
+        ("metrics.txt", sorted_series(&prometheus)),
+        ("trace.txt", report(stream, View::Trace, false)),
+        ("trace.jsonl", report(stream, View::Trace, true)),
+        ("faults.txt", report(stream, View::Faults, false)),
+        ("faults.json", report(stream, View::Faults, true)),
+        ("timeline.json", timeline_out.text()),
+        ("slow_pauses.jsonl", records),
+    ]
+    .into_iter()
+    .map(|(name, text)| (name, normalized(&text)))
+    .collect()
+}
+
+/// The exposition with each family's series sorted: their order is the
+/// order of a hash map (Prometheus reads them in any order).
+fn sorted_series(text: &str) -> String {
+    let mut out = String::new();
+    let mut series: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') {
+            series.sort_unstable();
+            series.drain(..).for_each(|s| out.extend([s, "\n"]));
+            out.extend([line, "\n"]);
+        } else {
+            series.push(line);
+        }
+    }
+    series.sort_unstable();
+    series.drain(..).for_each(|s| out.extend([s, "\n"]));
+    out
+}
+
+fn golden_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/sink/golden")
+}
+
+/// The outputs that differ from the kept ones, with their first different
+/// line.
+fn differences(outputs: &[(&'static str, String)]) -> Vec<String> {
+    let mut differ = Vec::new();
+    for (name, text) in outputs {
+        let path = golden_dir().join(name);
+        let kept = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (GOSTW_BLESS=1 writes it)", path.display()));
+        if kept != *text {
+            let line = kept
+                .lines()
+                .zip(text.lines())
+                .position(|(a, b)| a != b)
+                .unwrap_or(kept.lines().count().min(text.lines().count()));
+            differ.push(format!(
+                "{name}: first differs at line {}:\n  kept: {:?}\n  now:  {:?}",
+                line + 1,
+                kept.lines().nth(line),
+                text.lines().nth(line)
+            ));
+        }
+    }
+    differ
+}
+
+#[test]
+fn every_output_of_a_recorded_stream_is_the_kept_one() {
+    let outputs = outputs(&recorded_stream());
+    if std::env::var_os("GOSTW_BLESS").is_some() {
+        std::fs::create_dir_all(golden_dir()).unwrap();
+        for (name, text) in &outputs {
+            std::fs::write(golden_dir().join(name), text).unwrap();
+        }
+    }
+    let differ = differences(&outputs);
+    assert!(
+        differ.is_empty(),
+        "outputs changed (GOSTW_BLESS=1 keeps the new ones after an intended change):\n{}",
+        differ.join("\n")
+    );
+}
+
+#[test]
+fn the_normalization_hides_only_clocks_of_day_and_the_command() {
+    assert_eq!(
+        normalized("at 13:04:05.123456, 1:2:3.4 \"command\":\"x y\",\"a\":\"b\""),
+        "at HH:MM:SS.uuuuuu, 1:2:3.4 \"command\":\"COMMAND\",\"a\":\"b\""
+    );
+}
+
+/// The control: the same stream but for its last pause changes every
+/// output.
+#[test]
+fn a_stream_without_one_pause_differs_in_every_output() {
+    let mut stream = recorded_stream();
+    let last = stream
+        .iter()
+        .rposition(|o| matches!(o, Observed::Pause(_)))
+        .unwrap();
+    stream.remove(last);
+    let outputs = outputs(&stream);
+    let differ = differences(&outputs);
+    assert_eq!(differ.len(), outputs.len(), "{differ:#?}");
+}
