@@ -17,8 +17,11 @@ use crate::{
 const APT_PACKAGES: &[&str] = &[
     "golang-1.19-go",
     "gcc",
-    // objcopy for arm64 (the binary analysis tests remove .go.buildinfo).
+    // objcopy for arm64 (the binary analysis tests remove .go.buildinfo),
+    // and the C cross compiler of their arm64 cgo build.
     "binutils-aarch64-linux-gnu",
+    "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
     "bpftrace",
     "bpftool",
     "prometheus",

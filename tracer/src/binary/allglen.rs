@@ -19,14 +19,24 @@
 //! store there (`allgptr`) stores the slice's pointer, which fails the test.
 //! `len(allgs)` comes out with it: a reader checks that both read the same,
 //! as they do outside allgadd, so a wrong address cannot pass as a count.
+//!
+//! On arm64 the same store is
+//!
+//! ```text
+//! ADRP  allgs+8, R27; MOVD (allgs+8 - page)(R27), R1   // len(allgs)
+//! ADRP  allglen, R2; ADD $off, R2, R2                  // &allglen
+//! STLR  R1, (R2)                                       // the atomic store
+//! ```
+//!
+//! and the same test picks it.
 
 use std::collections::{HashMap, HashSet};
 
 use iced_x86::{Mnemonic, OpKind, Register};
 
 use super::{
-    Arch, Pclntab,
-    coderefs::{amd64_base, amd64_instructions},
+    Arch, Pclntab, arm64,
+    coderefs::{Access, amd64_base, amd64_instructions, data_refs},
     image::Image,
 };
 
@@ -62,15 +72,15 @@ pub(crate) fn find(image: &Image, pclntab: Option<&Pclntab>) -> Option<Allglen> 
             source: AllglenSource::Symtab,
         });
     }
-    if image.arch != Arch::Amd64 {
-        return None;
-    }
     let (entry, end) = pclntab?
         .lookup(ALLGADD)
         .into_iter()
         .max_by_key(|&(e, end)| end.saturating_sub(e))?;
     let code = image.bytes_at(entry, usize::try_from(end.checked_sub(entry)?).ok()?)?;
-    let (address, allgs_len) = from_allgadd(entry, code)?;
+    let (address, allgs_len) = match image.arch {
+        Arch::Amd64 => from_allgadd(entry, code)?,
+        Arch::Arm64 => from_allgadd_arm64(entry, code)?,
+    };
     Some(Allglen {
         address,
         allgs_len: Some(allgs_len),
@@ -146,6 +156,17 @@ fn from_allgadd(entry: u64, code: &[u8]) -> Option<(u64, u64)> {
             }
         }
     }
+    allglen_store(atomic_stores, &stored, &referenced)
+}
+
+/// Of the atomic stores (target, where the stored value was loaded from),
+/// the last whose value is a slice's length that the function also stores
+/// (append's), with the slice's pointer before it also used.
+fn allglen_store(
+    atomic_stores: Vec<(u64, u64)>,
+    stored: &HashSet<u64>,
+    referenced: &HashSet<u64>,
+) -> Option<(u64, u64)> {
     atomic_stores.into_iter().rev().find(|&(target, len)| {
         target != len
             && stored.contains(&len)
@@ -153,6 +174,43 @@ fn from_allgadd(entry: u64, code: &[u8]) -> Option<(u64, u64)> {
                 .checked_sub(8)
                 .is_some_and(|ptr| referenced.contains(&ptr))
     })
+}
+
+/// (allglen, len(allgs)) from the arm64 code of `runtime.allgadd`.
+fn from_allgadd_arm64(entry: u64, code: &[u8]) -> Option<(u64, u64)> {
+    let refs: HashMap<u64, (u64, Access)> = data_refs(Arch::Arm64, entry, code)
+        .into_iter()
+        .map(|r| (r.at, (r.target, r.access)))
+        .collect();
+    let referenced: HashSet<u64> = refs.values().map(|&(t, _)| t).collect();
+    let stored: HashSet<u64> = refs
+        .values()
+        .filter(|(_, a)| *a == Access::Store)
+        .map(|&(t, _)| t)
+        .collect();
+    let mut regs: [Option<Holds>; 32] = [None; 32];
+    let mut atomic_stores = Vec::new();
+    for (pc, w) in arm64::words(entry, code) {
+        if let Some((value, base)) = arm64::store_release(w) {
+            if let (Some(Holds::Address(t)), Some(Holds::LoadedFrom(from))) =
+                (regs[base as usize], regs[value as usize])
+            {
+                atomic_stores.push((t, from));
+            }
+            continue;
+        }
+        if arm64::call_target(pc, w).is_some() {
+            // A call may change every register.
+            regs = [None; 32];
+            continue;
+        }
+        regs[arm64::destination(w) as usize] = match refs.get(&pc) {
+            Some(&(t, Access::Load)) => Some(Holds::LoadedFrom(t)),
+            Some(&(t, Access::Address)) => Some(Holds::Address(t)),
+            _ => None,
+        };
+    }
+    allglen_store(atomic_stores, &stored, &referenced)
 }
 
 #[cfg(test)]
@@ -201,5 +259,46 @@ mod tests {
         with_call.extend_from_slice(&[0xe8, 0, 0, 0, 0]); // CALL next
         with_call.extend_from_slice(&code[split..]);
         assert_eq!(from_allgadd(entry, &with_call), None);
+    }
+
+    /// Go 1.27.3's arm64 allgadd: its stores to allgs and allgs+8 (append),
+    /// then the tail storing len(allgs) to allglen, moved together (all on
+    /// the page 0x57000, so each ADRP reaches what it did).
+    fn arm64_allgadd() -> Vec<u32> {
+        vec![
+            0xb000_10db, // ADRP 2199552(PC), R27
+            0xf907_6b60, // MOVD R0, 3792(R27): allgs
+            0xb000_10db, // ADRP 2199552(PC), R27
+            0xf907_6f61, // MOVD R1, 3800(R27): allgs+8
+            0xb000_10db, // ADRP 2199552(PC), R27
+            0xf947_6f61, // MOVD 3800(R27), R1
+            0x9000_1202, // ADRP 2359296(PC), R2
+            0x9128_e042, // ADD $2616, R2, R2
+            0xc89f_fc41, // STLR R1, (R2)
+        ]
+    }
+
+    fn code(words: &[u32]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn arm64_the_store_of_len_allgs_is_allglen() {
+        // go tool nm: runtime.allglen 0x297a38, runtime.allgs 0x270ed0.
+        let words = arm64_allgadd();
+        assert_eq!(
+            from_allgadd_arm64(0x57d64, &code(&words)),
+            Some((0x297a38, 0x270ed8))
+        );
+    }
+
+    #[test]
+    fn arm64_no_append_or_a_call_between_finds_nothing() {
+        let mut words = arm64_allgadd();
+        words[3] = 0xd503_201f; // NOP for append's store to allgs+8
+        assert_eq!(from_allgadd_arm64(0x57d64, &code(&words)), None);
+        let mut words = arm64_allgadd();
+        words.insert(6, 0x9400_0010); // BL between the load and the store
+        assert_eq!(from_allgadd_arm64(0x57d64, &code(&words)), None);
     }
 }

@@ -22,6 +22,7 @@
 //! page cache, dropped from this process's resident set after each step.
 
 mod allglen;
+mod arm64;
 mod buildinfo;
 mod buildversion;
 mod coderefs;

@@ -18,17 +18,20 @@
 //!
 //! A direct CALL is emulated too, and sees the callee's arguments in their
 //! registers: `call_offsets` finds the calls of one function in another.
+//!
+//! arm64 is the same in its own words (`arm64`): the prologue's `B.LS` and
+//! a `BL` are simulated by the kernel, and see the entry's registers.
 
 use iced_x86::{Code, Decoder, DecoderOptions, Instruction, Register};
 
-use super::Arch;
+use super::{Arch, arm64};
 
 /// Offset from the function's start of the instruction an entry probe goes
 /// on: its prologue's stack-bound branch when the prologue is the one above,
 /// else 0 (the entry itself).
 pub fn entry_probe_offset(arch: Arch, address: u64, code: &[u8]) -> u64 {
-    if arch != Arch::Amd64 {
-        return 0;
+    if arch == Arch::Arm64 {
+        return arm64_entry_probe_offset(address, code);
     }
     let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
     let mut insn = Instruction::default();
@@ -64,6 +67,33 @@ pub fn entry_probe_offset(arch: Arch, address: u64, code: &[u8]) -> u64 {
     }
 }
 
+/// `entry_probe_offset` on arm64: `ldr x16, [g, #guard]`, an optional
+/// `sub x17, sp, #frame`, `cmp sp|x17, x16`, then `b.ls`.
+fn arm64_entry_probe_offset(address: u64, code: &[u8]) -> u64 {
+    let mut words = arm64::words(address, code).take(4);
+    let Some(guard) = words.next().and_then(|(_, w)| arm64::load_from_g(w)) else {
+        return 0;
+    };
+    let Some((_, mut w)) = words.next() else {
+        return 0;
+    };
+    let mut bound = 31; // SP
+    if let Some((rd, _)) = arm64::sub_from_sp(w) {
+        bound = rd;
+        let Some((_, next)) = words.next() else {
+            return 0;
+        };
+        w = next;
+    }
+    if arm64::compare(w) != Some((bound, guard)) {
+        return 0;
+    }
+    match words.next() {
+        Some((pc, w)) if arm64::is_branch_if_lower_or_same(w) => pc - address,
+        _ => 0,
+    }
+}
+
 /// How far a Go prologue moves RSP down (`push rbp` and `sub rsp, N`, or
 /// `sub rsp, N` alone before Go 1.21), read from its first instructions:
 /// RSP inside the body is the entry's minus this (amd64; `None` elsewhere or
@@ -91,11 +121,14 @@ pub fn frame_drop(arch: Arch, address: u64, code: &[u8]) -> Option<u64> {
     None
 }
 
-/// Offsets from the function's start of its direct calls (`call rel32`) to
-/// `target` (amd64; empty elsewhere).
+/// Offsets from the function's start of its direct calls (`call rel32`,
+/// arm64's `bl`) to `target`.
 pub fn call_offsets(arch: Arch, address: u64, code: &[u8], target: u64) -> Vec<u64> {
-    if arch != Arch::Amd64 {
-        return Vec::new();
+    if arch == Arch::Arm64 {
+        return arm64::words(address, code)
+            .filter(|&(pc, w)| arm64::call_target(pc, w) == Some(target))
+            .map(|(pc, _)| pc - address)
+            .collect();
     }
     let mut calls = Vec::new();
     for insn in Decoder::with_ip(64, code, address, DecoderOptions::NONE) {
@@ -168,6 +201,7 @@ mod tests {
             vec![0, 10]
         );
         assert_eq!(call_offsets(Arch::Amd64, 0x1000, &code, 0x3000), vec![5]);
+        // The same bytes read as arm64 words hold no BL.
         assert!(call_offsets(Arch::Arm64, 0x1000, &code, 0x2000).is_empty());
     }
 
@@ -184,5 +218,36 @@ mod tests {
         assert_eq!(entry_probe_offset(Arch::Amd64, 0x1000, &code), 0);
         assert_eq!(entry_probe_offset(Arch::Arm64, 0x1000, &code), 0);
         assert_eq!(entry_probe_offset(Arch::Amd64, 0x1000, &[]), 0);
+        assert_eq!(entry_probe_offset(Arch::Arm64, 0x1000, &[]), 0);
+    }
+
+    fn arm64_code(words: &[u32]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn arm64_prologues_probe_the_branch() {
+        // Go 1.19 stopTheWorldWithSema: MOVD 16(R28), R16; CMP R16, RSP;
+        // BLS; MOVD.W R30, -112(RSP)
+        let small = arm64_code(&[0xf940_0b90, 0xeb30_63ff, 0x5400_19c9, 0xf819_0ffe]);
+        assert_eq!(entry_probe_offset(Arch::Arm64, 0x46bf0, &small), 8);
+        // Go 1.27 stopTheWorldWithSema: MOVD 24(R28), R16; SUB $32, RSP, R17;
+        // CMP R16, R17; BLS
+        let large = arm64_code(&[0xf940_0f90, 0xd100_83f1, 0xeb10_023f, 0x5400_1f69]);
+        assert_eq!(entry_probe_offset(Arch::Arm64, 0x59bd0, &large), 12);
+        // The SUB's register compared against SP instead: not the prologue.
+        let wrong = arm64_code(&[0xf940_0f90, 0xd100_83f1, 0xeb30_63ff, 0x5400_1f69]);
+        assert_eq!(entry_probe_offset(Arch::Arm64, 0, &wrong), 0);
+        // BCS in the branch's place.
+        let bcs = arm64_code(&[0xf940_0b90, 0xeb30_63ff, 0x5400_0202]);
+        assert_eq!(entry_probe_offset(Arch::Arm64, 0, &bcs), 0);
+    }
+
+    #[test]
+    fn arm64_calls_to_one_target_are_found() {
+        // 0x1000: bl 0x1040; 0x1004: nop; 0x1008: bl 0x1040; 0x100c: b 0x104c
+        let code = arm64_code(&[0x9400_0010, 0xd503_201f, 0x9400_000e, 0x1400_0010]);
+        assert_eq!(call_offsets(Arch::Arm64, 0x1000, &code, 0x1040), vec![0, 8]);
+        assert!(call_offsets(Arch::Arm64, 0x1000, &code, 0x104c).is_empty());
     }
 }

@@ -56,6 +56,12 @@ struct Spec {
 const NO_CGO: &[(&str, &str)] = &[("CGO_ENABLED", "0")];
 const CGO: &[(&str, &str)] = &[("CGO_ENABLED", "1")];
 const ARM64: &[(&str, &str)] = &[("CGO_ENABLED", "0"), ("GOARCH", "arm64")];
+/// Cross-built with Debian's aarch64 gcc (gcc-aarch64-linux-gnu).
+const ARM64_CGO: &[(&str, &str)] = &[
+    ("CGO_ENABLED", "1"),
+    ("GOARCH", "arm64"),
+    ("CC", "aarch64-linux-gnu-gcc"),
+];
 
 const SPECS: &[Spec] = &[
     Spec {
@@ -120,6 +126,22 @@ const SPECS: &[Spec] = &[
         env: ARM64,
         twin: Some("arm64"),
         needs_gcc: false,
+        without_buildinfo: false,
+    },
+    Spec {
+        name: "arm64-pie",
+        args: &["-buildmode=pie"],
+        env: ARM64,
+        twin: None,
+        needs_gcc: false,
+        without_buildinfo: false,
+    },
+    Spec {
+        name: "arm64-cgo",
+        args: &["-ldflags=-linkmode=external"],
+        env: ARM64_CGO,
+        twin: None,
+        needs_gcc: true,
         without_buildinfo: false,
     },
     // The version then comes from runtime.buildVersion: by its symbol...
@@ -210,8 +232,8 @@ pub fn remove_buildinfo(path: &Path, arm64: bool) {
     assert!(status.success(), "{objcopy} failed on {}", path.display());
 }
 
-fn have_gcc() -> bool {
-    Command::new("gcc")
+fn have_gcc(gcc: &str) -> bool {
+    Command::new(gcc)
         .arg("--version")
         .stdout(Stdio::null())
         .status()
@@ -225,10 +247,12 @@ fn builds() -> &'static [Build] {
         let started = Instant::now();
         // The cgo variants are part of what must be shown: no gcc is a
         // failure (`cargo xtask setup` installs it), not a skip.
-        assert!(
-            have_gcc(),
-            "gcc is needed for the cgo (externally linked) variants: run `cargo xtask setup`"
-        );
+        for gcc in ["gcc", "aarch64-linux-gnu-gcc"] {
+            assert!(
+                have_gcc(gcc),
+                "{gcc} is needed for the cgo (externally linked) variants: run `cargo xtask setup`"
+            );
+        }
         let mut out = Vec::new();
         for go in go_matrix() {
             for spec in SPECS.iter() {
@@ -317,9 +341,9 @@ fn nm(b: &Build) -> HashMap<String, u64> {
 /// Functions whose RETs are checked against `go tool objdump`.
 const RET_CHECKED: &[&str] = &[START_THE_WORLD, STOP_THE_WORLD, COPYSTACK];
 
-/// What `go tool objdump` shows of one function: its RETs, and the JBE
-/// (jbe) that ends its prologue's stack check, if one of its first three
-/// instructions is one.
+/// What `go tool objdump` shows of one function: its RETs, and the branch
+/// that ends its prologue's stack check (amd64's JBE, arm64's BLS), if one
+/// of its first four instructions is one.
 #[derive(Default)]
 struct Disassembled {
     rets: Vec<u64>,
@@ -364,7 +388,7 @@ fn objdump_rets(b: &Build) -> HashMap<String, Disassembled> {
             if f[3] == "CALL" && f.get(4) == Some(&"runtime.(*timeHistogram).record(SB)") {
                 d.record_calls.push(addr);
             }
-            if matches!(f[3], "JBE" | "JLS") && d.seen <= 3 && d.prologue_branch.is_none() {
+            if matches!(f[3], "JBE" | "JLS" | "BLS") && d.seen <= 4 && d.prologue_branch.is_none() {
                 d.prologue_branch = Some(addr);
             }
         }
@@ -402,14 +426,12 @@ fn entries_and_rets_match_the_go_toolchain() {
             b.label()
         );
         assert_eq!(bin.version_source, b.version_source(), "{}", b.label());
-        // runtime.allglen: by name, else (amd64) from runtime.allgadd's code.
+        // runtime.allglen: by name, else from runtime.allgadd's code.
         // Data addresses move a little between builds with and without
         // -s/-w (text does not), so a stripped build is checked against its
         // twin's distance from allglen to allgs, which both give.
         let allglen = bin.allglen();
-        if b.is_arm64() && !bin.has_symtab {
-            assert_eq!(allglen, None, "{}", b.label());
-        } else {
+        {
             let a = allglen.unwrap_or_else(|| panic!("{}: no runtime.allglen", b.label()));
             let allgs = a.allgs_len.expect("len(allgs) found with allglen") - 8;
             if bin.has_symtab {
@@ -482,18 +504,11 @@ fn entries_and_rets_match_the_go_toolchain() {
             );
             assert_eq!(f.ret_file_offsets, want, "{}: {name} RETs", b.label());
             // The entry probe sits on the prologue's stack-check branch
-            // (emulated by the kernel: one trap) on amd64, at the entry
-            // elsewhere.
-            let branch = rets[name].prologue_branch;
-            let want_probe = match bin.arch {
-                Arch::Amd64 => {
-                    let vaddr = branch.unwrap_or_else(|| {
-                        panic!("{}: no stack-check JBE in {name}'s prologue", b.label())
-                    });
-                    bin.file_offset(vaddr).unwrap()
-                }
-                Arch::Arm64 => f.file_offset,
-            };
+            // (emulated by the kernel: one trap).
+            let branch = rets[name].prologue_branch.unwrap_or_else(|| {
+                panic!("{}: no stack-check branch in {name}'s prologue", b.label())
+            });
+            let want_probe = bin.file_offset(branch).unwrap();
             assert_eq!(
                 f.entry_probe_offset,
                 want_probe,
@@ -502,9 +517,9 @@ fn entries_and_rets_match_the_go_toolchain() {
             );
             // The stopping and end probes' calls (Go 1.22+ records its
             // stopping and total times in two histograms each, GC and
-            // other), amd64 only.
+            // other).
             let recorded = name == STOP_THE_WORLD || name == START_THE_WORLD;
-            if recorded && bin.arch == Arch::Amd64 && bin.version.code() >= 122 {
+            if recorded && bin.version.code() >= 122 {
                 let want: Vec<u64> = rets[name]
                     .record_calls
                     .iter()
