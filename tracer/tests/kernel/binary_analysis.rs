@@ -35,6 +35,7 @@ use tracer::{
 
 use crate::{
     loopback::{free_port, http_get},
+    scenario::MemCgroup,
     support::{
         GoToolchain, STW_ARGS, STW_GOMAXPROCS, STW_READ_MEM_STATS, StwReport, build_workload,
         build_workload_env, go_matrix, gostw_stdout, newest_go, parse_report, require_root,
@@ -1439,20 +1440,63 @@ fn agent_tracing_a_large_binary_keeps_memory_small() {
     let go = newest_go();
     let mb = large_mb();
     let path = large_go_binary(&go, mb, "", &[]);
+    let size = std::fs::metadata(&path).unwrap().len();
+    // The control: the same agent and program, the program not traced.
+    let (_, control_peak) = agent_memory_in_a_cgroup(&path, false);
+    let (status, peak) = agent_memory_in_a_cgroup(&path, true);
+    eprintln!(
+        "gostw agent tracing {} ({} MB): VmHWM {} MB, VmRSS {} MB, RssAnon {} MB, RssFile {} MB; \
+         its memory cgroup's peak {} MB (not tracing it: {} MB)",
+        path.display(),
+        size >> 20,
+        status["VmHWM"] >> 10,
+        status["VmRSS"] >> 10,
+        status["RssAnon"] >> 10,
+        status["RssFile"] >> 10,
+        peak >> 20,
+        control_peak >> 20,
+    );
+    assert!(status["VmHWM"] < 64 << 10, "{status:?}");
+    // Mapped, not read: the binary's size does not show in the group's
+    // peak (BPF maps and page cache are charged to it either way).
+    assert!(
+        peak < control_peak + (16 << 20),
+        "peak {peak} B tracing the binary, {control_peak} B not"
+    );
+}
+
+/// Run the agent alone in a memory cgroup (256 MiB, as `MemoryMax=256M`)
+/// beside the program at `path`, which it traces if `trace`; its
+/// /proc/PID/status once it traces it (or after 3 s), and the group's peak.
+fn agent_memory_in_a_cgroup(path: &Path, trace: bool) -> (BTreeMap<String, u64>, u64) {
+    let cgroup = MemCgroup::create("gostw-agent-large");
+    let (limit, peak_file) = if cgroup.is_v1() {
+        ("memory.limit_in_bytes", "memory.max_usage_in_bytes")
+    } else {
+        ("memory.max", "memory.peak")
+    };
+    cgroup.write(limit, &(256u64 << 20).to_string());
     let dir = path.parent().unwrap().to_owned();
+    let matching = if trace {
+        format!("^{}/", regex::escape(&dir.display().to_string()))
+    } else {
+        "^/nothing-traced$".to_owned()
+    };
     let port = free_port();
-    let mut agent = Command::new(GOSTW)
-        .args(["agent", "--listen", &format!("127.0.0.1:{port}")])
-        .args([
-            "--match",
-            &format!("^{}/", regex::escape(&dir.display().to_string())),
-        ])
-        .args(["--poll-interval", "200ms"])
+    // Into the group before it runs, so everything it charges is counted.
+    let procs = cgroup.path.join("cgroup.procs");
+    let mut agent = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {} && exec {GOSTW} agent --listen 127.0.0.1:{port} --match '{matching}' \
+             --poll-interval 200ms",
+            procs.display()
+        ))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut program = Command::new(&path)
+    let mut program = Command::new(path)
         .arg("-wait")
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -1462,7 +1506,7 @@ fn agent_tracing_a_large_binary_keeps_memory_small() {
         "executable=\"{}\"",
         path.file_name().unwrap().to_str().unwrap()
     );
-    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    let deadline = Instant::now() + std::time::Duration::from_secs(if trace { 60 } else { 3 });
     let traced = loop {
         let body = http_get(port, "/metrics")
             .map(|(_, b)| b)
@@ -1479,22 +1523,22 @@ fn agent_tracing_a_large_binary_keeps_memory_small() {
         std::thread::sleep(std::time::Duration::from_millis(250));
     };
     let status = status_kb(agent.id());
+    let peak: u64 = std::fs::read_to_string(cgroup.path.join(peak_file))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     drop(program.stdin.take());
     let _ = program.wait();
     let _ = agent.kill();
     let _ = agent.wait();
-    assert!(traced, "the agent did not trace {}", path.display());
-    let size = std::fs::metadata(&path).unwrap().len();
-    eprintln!(
-        "gostw agent tracing {} ({} MB): VmHWM {} MB, VmRSS {} MB, RssAnon {} MB, RssFile {} MB",
-        path.display(),
-        size >> 20,
-        status["VmHWM"] >> 10,
-        status["VmRSS"] >> 10,
-        status["RssAnon"] >> 10,
-        status["RssFile"] >> 10
+    assert_eq!(
+        traced,
+        trace,
+        "the agent traced {}: {traced}",
+        path.display()
     );
-    assert!(status["VmHWM"] < 64 << 10, "{status:?}");
+    (status, peak)
 }
 
 /// Every key `gostw inspect --json` prints, at every depth (function and
