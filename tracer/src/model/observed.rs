@@ -239,3 +239,25 @@ impl<A: Sink, B: Sink> Sink for (A, B) {
         self.0.closed() || self.1.closed()
     }
 }
+
+#[cfg(test)]
+pub mod tests_support {
+    use super::*;
+
+    /// The test process every sink test traces: pid `pid` of `/srv/api`,
+    /// Go 1.26.6, build id `build_id`, in no container.
+    pub fn api_process(pid: u32, build_id: &str) -> Arc<ProcessInfo> {
+        Arc::new(ProcessInfo {
+            pid,
+            exe: "/srv/api".into(),
+            labels: ProcessLabels {
+                executable: "api".into(),
+                go_version: "go1.26.6".into(),
+                build_id: build_id.into(),
+                ..ProcessLabels::default()
+            },
+            go_version: "go1.26.6".into(),
+            image: None,
+        })
+    }
+}

@@ -25,8 +25,7 @@ use crate::{
             tests::{fault_event, pause_event},
         },
     },
-    model::labels::ProcessLabels,
-    model::observed::{Observed, ProcessInfo},
+    model::observed::{Observed, tests_support::api_process},
 };
 
 const MS: u64 = 1_000_000;
@@ -35,20 +34,7 @@ const MS: u64 = 1_000_000;
 /// another thread, one ending after the pause), between and after them.
 fn recorded_stream() -> Vec<Observed> {
     let pid = 7;
-    let info = Arc::new(ProcessInfo {
-        pid,
-        exe: "/srv/api".into(),
-        labels: ProcessLabels {
-            executable: "api".into(),
-            go_version: "go1.26.6".into(),
-            build_id: "b1".into(),
-            container: String::new(),
-            namespace: String::new(),
-            pod: String::new(),
-        },
-        go_version: "go1.26.6".into(),
-        image: None,
-    });
+    let info = api_process(pid, "b1");
     let mut stream = Stream::new(
         WallClock::default(),
         StreamOptions {

@@ -204,11 +204,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::{
-        model::labels::ProcessLabels,
-        model::observed::{ObservedPause, ProcessInfo},
-        model::pause::tests_support::record,
-    };
+    use crate::{model::observed::ObservedPause, model::pause::tests_support::record};
 
     /// A `Write` whose bytes the test can read afterwards.
     #[derive(Clone, Default)]
@@ -244,20 +240,7 @@ mod tests {
     fn one_complete_event_per_pause_with_the_record_as_args() {
         let out = Shared::default();
         let mut t = TimelineSink::new(Box::new(out.clone())).unwrap();
-        let info = Arc::new(ProcessInfo {
-            pid: 7,
-            exe: "/srv/api".into(),
-            labels: ProcessLabels {
-                executable: "api".into(),
-                go_version: "go1.26.6".into(),
-                build_id: String::new(),
-                container: String::new(),
-                namespace: String::new(),
-                pod: String::new(),
-            },
-            go_version: "go1.26.6".into(),
-            image: None,
-        });
+        let info = crate::model::observed::tests_support::api_process(7, "");
         let mut r = record(7, 1_000_123, 2_345_678);
         r.tid = 8;
         t.observe_all(&[

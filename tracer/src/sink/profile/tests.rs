@@ -18,20 +18,7 @@ use crate::{
 const PID: u32 = 7;
 
 fn info() -> Arc<ProcessInfo> {
-    Arc::new(ProcessInfo {
-        pid: PID,
-        exe: "/srv/api".into(),
-        labels: ProcessLabels {
-            executable: "api".into(),
-            go_version: "go1.26.6".into(),
-            build_id: "b1".into(),
-            container: String::new(),
-            namespace: String::new(),
-            pod: String::new(),
-        },
-        go_version: "go1.26.6".into(),
-        image: None,
-    })
+    crate::model::observed::tests_support::api_process(PID, "b1")
 }
 
 fn fault(tid: u32, begin: u64, site: &str) -> Fault {
