@@ -5,7 +5,6 @@
 //! each (`UserRegs`), and user space loads the one the kernel accepts.
 
 use aya_ebpf::{
-    bindings::pt_regs,
     helpers::{
         bpf_get_current_task, bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_task_pt_regs,
     },
@@ -14,6 +13,8 @@ use aya_ebpf::{
 };
 use tracer_common::compat::TaskLayout;
 
+use crate::regs::Regs;
+
 /// `TaskLayout` at index 0, written by user space where the variants load.
 #[map]
 static TASK_LAYOUT: Array<TaskLayout> = Array::with_max_entries(1, 0);
@@ -21,7 +22,7 @@ static TASK_LAYOUT: Array<TaskLayout> = Array::with_max_entries(1, 0);
 /// Where the current thread's user registers are; read them with
 /// `bpf_probe_read_kernel` only.
 pub trait UserRegs {
-    fn current() -> Option<*const pt_regs>;
+    fn current() -> Option<*const Regs>;
 }
 
 /// 5.15 and newer.
@@ -29,9 +30,9 @@ pub struct TaskBtf;
 
 impl UserRegs for TaskBtf {
     #[inline(always)]
-    fn current() -> Option<*const pt_regs> {
+    fn current() -> Option<*const Regs> {
         // SAFETY: the current task is valid for the whole program run.
-        Some(unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs)
+        Some(unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const Regs)
     }
 }
 
@@ -40,7 +41,7 @@ pub struct TaskLayoutRegs;
 
 impl UserRegs for TaskLayoutRegs {
     #[inline(always)]
-    fn current() -> Option<*const pt_regs> {
+    fn current() -> Option<*const Regs> {
         let l = TASK_LAYOUT.get(0)?;
         if l.stack_offset == 0 {
             return None;
@@ -51,6 +52,6 @@ impl UserRegs for TaskLayoutRegs {
             let task = bpf_get_current_task();
             bpf_probe_read_kernel((task + u64::from(l.stack_offset)) as *const u64).ok()?
         };
-        (stack != 0).then(|| (stack + u64::from(l.regs_offset)) as *const pt_regs)
+        (stack != 0).then(|| (stack + u64::from(l.regs_offset)) as *const Regs)
     }
 }

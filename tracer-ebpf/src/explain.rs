@@ -91,7 +91,7 @@ pub fn now() -> u64 {
 }
 
 /// The window of process `tgid` opened at `stop_ts_ns` on thread `tid`,
-/// at code address `ip` (the probe), with the frame pointer (RBP) `bp`:
+/// at code address `ip` (the probe), with the frame pointer `bp`:
 /// reset its detail and record the caller. Its own map value only: each
 /// lookup of a map this probe touches once a pause costs 0.5-1 us cold.
 #[inline(always)]
@@ -135,7 +135,7 @@ pub fn opened(tgid: u32, tid: u32, stop_ts_ns: u64, bp: u64, ip: u64) {
 }
 
 /// The stopping thread's return addresses, innermost first, following the
-/// frame pointers from `bp` (RBP at the stop's entry): the g0 frames the
+/// frame pointers from `bp` (the frame pointer at the stop's entry): the g0 frames the
 /// stop runs in, then the goroutine that asked for it, as `systemstack`
 /// keeps the goroutine's frame pointer in BP when it switches to g0 (user
 /// space drops the g0 part). Frames go up a stack; the chain changes stacks

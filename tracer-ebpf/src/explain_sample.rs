@@ -3,7 +3,7 @@
 //! the scheduler programs. While no explained process is inside a pause it
 //! returns after one array lookup. Inside a stopping phase, a thread that
 //! the M list named as running a goroutine, sampled in user mode while
-//! still running that goroutine (R14, the current g in Go code, is it), has
+//! still running that goroutine (g's register, `regs::g`, is it), has
 //! its user stack taken at the first such sample: the code that keeps it
 //! from stopping (later samples are counted). A sample
 //! after the goroutine reached its safe point (the runtime on g0's stack)
@@ -32,6 +32,7 @@ use crate::{
     explain_sched::candidate,
     fault::current_ids,
     maps::{count, traced},
+    regs,
     stack::field,
 };
 
@@ -46,7 +47,7 @@ pub fn laggard_sample(ctx: PerfEventContext) -> u32 {
         return 0;
     };
     // SAFETY: the kernel hands perf_event programs valid sample data.
-    let regs = unsafe { &(*ctx.ctx).regs };
+    let sample = unsafe { &(*ctx.ctx).regs };
     let stopper = tid == d.stop_tid;
     let stopping = d.phase == PHASE_STOPPING;
     // Only threads that held a P running a goroutine when the stop began:
@@ -56,7 +57,7 @@ pub fn laggard_sample(ctx: PerfEventContext) -> u32 {
     } else {
         (0, 0)
     };
-    if regs.cs & 3 != 3 {
+    if !regs::user_mode(sample) {
         if stopper || m != 0 {
             let stack = kernel_stack(&ctx);
             add_kernel_time(
@@ -69,12 +70,12 @@ pub fn laggard_sample(ctx: PerfEventContext) -> u32 {
         }
         return 0;
     }
-    if m == 0 || regs.r14 != g {
+    if m == 0 || regs::g(sample) != g {
         return 0;
     }
     // On the goroutine's own stack: once it reached its safe point the
     // runtime runs on g0's (`runtime.newstack` after a stack-check
-    // preemption) with R14 not yet changed.
+    // preemption) with g's register not yet changed.
     let Some(p) = traced(tgid) else {
         return 0;
     };
@@ -84,7 +85,7 @@ pub fn laggard_sample(ctx: PerfEventContext) -> u32 {
     ) else {
         return 0;
     };
-    if !(lo..hi).contains(&regs.rsp) {
+    if !(lo..hi).contains(&regs::sp(sample)) {
         return 0;
     }
     let slot = laggard_slot(d, tid);

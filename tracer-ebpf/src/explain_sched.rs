@@ -35,6 +35,7 @@ use crate::{
     fault::current_ids,
     fault_tracepoint,
     maps::{count, traced},
+    regs,
     stack::field,
 };
 
@@ -308,7 +309,7 @@ fn add_wait(d: &mut PauseDetail, tid: u32, e: &PauseThread, ns: u64) {
 }
 
 /// Whether the current thread left user mode running goroutine `g` on
-/// `g`'s own stack (R14 is g in Go's ABIInternal): not the runtime on g0's
+/// `g`'s own stack (g's register holds it in Go's ABIInternal): not the runtime on g0's
 /// stack on its way to stopping. Its user registers are where the kernel
 /// saved them on entry (`TASK_LAYOUT`, read on every kernel).
 #[inline(always)]
@@ -316,19 +317,12 @@ fn in_goroutine_code(tgid: u32, g: u64) -> bool {
     if g == 0 {
         return false;
     }
-    let (Some(regs), Some(p)) = (TaskLayoutRegs::current(), traced(tgid)) else {
+    let (Some(saved), Some(p)) = (TaskLayoutRegs::current(), traced(tgid)) else {
         return false;
     };
     // SAFETY: reads of the kernel stack through the checked helper.
     let read = |at: *const u64| unsafe { bpf_probe_read_kernel(at) }.ok();
-    // SAFETY: only the fields' addresses; nothing is read through them here.
-    let (r14, rsp) = unsafe {
-        (
-            core::ptr::addr_of!((*regs).r14),
-            core::ptr::addr_of!((*regs).rsp),
-        )
-    };
-    let (Some(r14), Some(rsp)) = (read(r14), read(rsp)) else {
+    let (Some(g_now), Some(sp)) = (read(regs::g_at(saved)), read(regs::sp_at(saved))) else {
         return false;
     };
     let (Some(lo), Some(hi)) = (
@@ -337,7 +331,7 @@ fn in_goroutine_code(tgid: u32, g: u64) -> bool {
     ) else {
         return false;
     };
-    r14 == g && (lo..hi).contains(&rsp)
+    g_now == g && (lo..hi).contains(&sp)
 }
 
 /// Whether `tid` has a laggard slot in `d` with a switch-out (the laggard

@@ -34,6 +34,7 @@ use crate::{
     compat::{TaskBtf, TaskLayoutRegs, UserRegs},
     fault::{FAULT_STATE, close_blocked, current_ids, emit, now, state_mut},
     maps::{count, traced},
+    regs,
 };
 
 // exceptions:page_fault_{user,kernel}: unsigned long address (8), ip (16), error_code (24).
@@ -153,11 +154,11 @@ fn still_in_fault<R: UserRegs>(flags: u32, ip: u64) -> bool {
     if flags & FaultEvent::FLAG_KERNEL_MODE != 0 {
         return true;
     }
-    let Some(regs) = R::current() else {
+    let Some(saved) = R::current() else {
         return true;
     };
     // SAFETY: read through the checked helper.
-    unsafe { bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rip)) }.is_ok_and(|rip| rip == ip)
+    unsafe { bpf_probe_read_kernel(regs::pc_at(saved)) }.is_ok_and(|pc| pc == ip)
 }
 
 /// The fault of a slot as per-thread state.

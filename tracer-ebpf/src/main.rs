@@ -17,6 +17,7 @@ mod fault_kprobe;
 mod fault_tracepoint;
 mod maps;
 mod pause;
+mod regs;
 mod stack;
 mod stopping;
 

@@ -26,6 +26,7 @@ use tracer_common::{
 use crate::{
     explain,
     maps::{MAX_TRACED, PAUSE_EVENTS, SUBMIT_FLAGS, count, ringbuf_full, traced},
+    regs,
 };
 
 /// The pause window of each traced process, by tgid, inserted closed
@@ -42,7 +43,7 @@ pub static PAUSE_WINDOWS: HashMap<u32, PauseWindow> =
 
 /// Go: `func stopTheWorldWithSema(reason stwReason) worldStop` (1.21+, reason
 /// in AL); `func stopTheWorldWithSema()` before, with the reason in
-/// `getg().m.preemptoff`. Runs on g0 (R14) with the world still running, and
+/// `getg().m.preemptoff`. Runs on g0 (`regs::g`) with the world still running, and
 /// before Go starts its own clock (1.22+).
 ///
 /// It runs every few milliseconds in a busy process, so every map it
@@ -63,26 +64,25 @@ pub fn stw_stop(ctx: ProbeContext) -> u32 {
     }
     // SAFETY: helper with no arguments.
     let stop_ts_ns = unsafe { bpf_ktime_get_ns() };
-    // SAFETY: uprobe context, pt_regs readable.
-    let regs = unsafe { &*ctx.regs };
+    let r = regs::of_probe(&ctx);
     w.entries += 1;
     w.stop_ts_ns = stop_ts_ns;
     w.stop_tid = ctx.pid();
     w.flags = 0;
     w.reason_text_len = 0;
-    w.reason = (regs.rax & 0xff) as u32;
+    w.reason = (regs::arg0(r) & 0xff) as u32;
     if w.setup & PauseWindow::SETUP_REASON_FROM_PREEMPTOFF != 0
         && let Some(process) = traced(tgid)
     {
         w.reason = REASON_FROM_TEXT;
         w.flags |= PauseEvent::FLAG_REASON_TEXT;
-        if read_preemptoff(regs.r14, &process.offsets, w).is_err() {
+        if read_preemptoff(regs::g(r), &process.offsets, w).is_err() {
             w.flags |= PauseEvent::FLAG_READ_FAILED;
             count(Counter::ReadUserFailed);
         }
     }
     if w.setup & PauseWindow::SETUP_EXPLAINED != 0 {
-        explain::opened(tgid, w.stop_tid, stop_ts_ns, regs.rbp, regs.rip);
+        explain::opened(tgid, w.stop_tid, stop_ts_ns, regs::fp(r), regs::pc(r));
     }
     0
 }
@@ -120,10 +120,10 @@ fn read_preemptoff(g0: u64, offsets: &GoOffsets, window: &mut PauseWindow) -> Re
 
 /// The end of the pause. Go 1.22+: attached at `startTheWorldWithSema`'s
 /// two calls of `timeHistogram.record` (emulated: one trap), made just after
-/// Go took `now`, with Go's pause `now - w.startedStopping` in RBX and
-/// `w.startedStopping` in the function's frame. Before (or where those are
-/// not found): at each RET, where RAX is Go's `now` (and, from 1.22, the
-/// slot is still below RSP).
+/// Go took `now`, with Go's pause `now - w.startedStopping` in the second
+/// argument register and `w.startedStopping` in the function's frame.
+/// Before (or where those are not found): at each RET, where the result
+/// register is Go's `now` (and, from 1.22, the slot is still below SP).
 /// Rarely run, so every map it touches is a cache miss: it looks up only
 /// the pause window (which only traced processes have), and the explained
 /// pause's detail when there is one.
@@ -149,19 +149,19 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
         count(Counter::PauseUnmatched);
         return 0;
     }
-    // SAFETY: uprobe context, pt_regs readable.
-    let regs = unsafe { &*ctx.regs };
+    let r = regs::of_probe(&ctx);
     let mut flags = window.flags;
     let mut go_started_ns = 0;
-    // On the calls of `timeHistogram.record` the slot is above RSP and RBX
-    // is Go's pause; on the RETs it is below RSP and RAX is Go's `now`.
+    // On the calls of `timeHistogram.record` the slot is above SP and the
+    // second argument is Go's pause; on the RETs it is below SP and the
+    // result is Go's `now`.
     let at_call = window.setup & PauseWindow::SETUP_END_AT_RECORD != 0;
     let (off, slot) = if at_call {
         let off = window.start_call_rsp_started_stopping;
-        (off, regs.rsp.wrapping_add(u64::from(off)))
+        (off, regs::sp(r).wrapping_add(u64::from(off)))
     } else {
         let off = window.start_rsp_started_stopping;
-        (off, regs.rsp.wrapping_sub(u64::from(off)))
+        (off, regs::sp(r).wrapping_sub(u64::from(off)))
     };
     if off != GoOffsets::UNKNOWN {
         // SAFETY: bpf_probe_read_user checks the address.
@@ -177,8 +177,8 @@ pub fn stw_start_ret(ctx: ProbeContext) -> u32 {
         }
     }
     let go_now_ns = match (at_call, flags & PauseEvent::FLAG_GO_START != 0) {
-        (false, _) => regs.rax,
-        (true, true) => go_started_ns.wrapping_add(regs.rbx),
+        (false, _) => regs::arg0(r),
+        (true, true) => go_started_ns.wrapping_add(regs::arg1(r)),
         // Go's pause without its start: no time of Go's to report.
         (true, false) => 0,
     };

@@ -39,6 +39,7 @@ use tracer_common::{
 use crate::{
     compat::{TaskBtf, TaskLayoutRegs, UserRegs},
     maps::{EVENTS, EVENTS_BYTES, SUBMIT_FLAGS, count, hit, ringbuf_full, traced, traced_sample},
+    regs,
 };
 
 /// Unread bytes in `EVENTS` past which stack-growth events are shed.
@@ -185,7 +186,7 @@ fn send_event(tgid: u32, tid: u32, key: &StackSiteKey, s: &Site, goid: u64, new_
 }
 
 /// Go: `func copystack(gp *g, newsize uintptr)` (1.19-1.27, ABIInternal:
-/// gp in RAX, newsize in RBX). Runs on g0.
+/// gp and newsize in the first two argument registers). Runs on g0.
 #[uprobe]
 pub fn stack_copy(ctx: ProbeContext) -> u32 {
     let _ = try_stack_copy(&ctx);
@@ -196,9 +197,9 @@ fn try_stack_copy(ctx: &ProbeContext) -> Option<()> {
     let tgid = ctx.tgid();
     let p = traced(tgid)?;
     hit(tgid, Probe::Copystack);
-    // SAFETY: the kernel hands uprobes a valid pt_regs.
-    let regs = unsafe { &*ctx.regs };
-    let (gp, new_size) = (regs.rax, regs.rbx);
+    // `copystack(gp, newsize)`.
+    let r = regs::of_probe(ctx);
+    let (gp, new_size) = (regs::arg0(r), regs::arg1(r));
     let o = &p.offsets;
     let Some(s) = site(gp, o) else {
         count(Counter::ReadUserFailed);
@@ -240,20 +241,21 @@ fn try_stack_copy(ctx: &ProbeContext) -> Option<()> {
     Some(())
 }
 
-/// R14 (the current g in Go code) of the sampled thread in user mode: the
-/// sample's own register when it hit user code, else the one saved at the
-/// kernel entry (a sample that lands in the page fault of a fresh stack page
-/// still counts). Only that word is read, not the whole `pt_regs`.
+/// g's register (the current goroutine in Go code) of the sampled thread
+/// in user mode: the sample's own register when it hit user code, else the
+/// one saved at the kernel entry (a sample that lands in the page fault of a
+/// fresh stack page still counts). Only that word is read, not the whole
+/// register set.
 #[inline(always)]
-fn user_r14<R: UserRegs>(ctx: &PerfEventContext) -> Option<u64> {
+fn user_g<R: UserRegs>(ctx: &PerfEventContext) -> Option<u64> {
     // SAFETY: the kernel hands perf_event programs valid sample data.
-    let regs = unsafe { &(*ctx.ctx).regs };
-    if regs.cs & 3 == 3 {
-        return Some(regs.r14);
+    let sample = unsafe { &(*ctx.ctx).regs };
+    if regs::user_mode(sample) {
+        return Some(regs::g(sample));
     }
     let user = R::current()?;
     // SAFETY: read through the checked helper.
-    unsafe { bpf_probe_read_kernel(core::ptr::addr_of!((*user).r14)) }.ok()
+    unsafe { bpf_probe_read_kernel(regs::g_at(user)) }.ok()
 }
 
 /// CPU-clock sample on every CPU (pid -1); only traced processes pay more
@@ -276,9 +278,9 @@ fn try_stack_sample<R: UserRegs>(ctx: &PerfEventContext) -> Option<()> {
     let tgid = ctx.tgid();
     let p = traced_sample(tgid)?;
     let o = &p.offsets;
-    // R14 is the current g in Go code (ABIInternal). Outside Go code it may
+    // g's register holds the current g in Go code (ABIInternal). Outside Go code it may
     // hold anything, and the reads below fail or do not match: not an error.
-    let g = user_r14::<R>(ctx)?;
+    let g = user_g::<R>(ctx)?;
     let m = field(g, o.g_m)?;
     if m == 0 || field(m, o.m_g0)? != g {
         return None;

@@ -1,8 +1,8 @@
 //! Go's stopping phase (Go 1.22+): a uprobe on each call of
 //! `runtime.(*timeHistogram).record` in `runtime.stopTheWorldWithSema` (one
 //! for GC pauses, one for the others), made once the last P stopped, with
-//! Go's stopping time `finish - start` in RBX (ABIInternal: the receiver in
-//! RAX, the duration next). The kernel emulates a CALL: one trap (0.8 us
+//! Go's stopping time `finish - start` in the second argument register
+//! (ABIInternal: the receiver first, the duration next; `regs::arg1`). The kernel emulates a CALL: one trap (0.8 us
 //! here), where the RET of `stopTheWorldWithSema` (single-stepped) cost
 //! 10 us, and both are inside the pause the program pays for.
 //!
@@ -11,7 +11,7 @@
 use aya_ebpf::{EbpfContext as _, macros::uprobe, programs::ProbeContext};
 use tracer_common::pause::{PauseEvent, PauseWindow};
 
-use crate::{explain, pause::PAUSE_WINDOWS};
+use crate::{explain, pause::PAUSE_WINDOWS, regs};
 
 #[uprobe]
 pub fn stw_stopped(ctx: ProbeContext) -> u32 {
@@ -21,14 +21,15 @@ pub fn stw_stopped(ctx: ProbeContext) -> u32 {
     let Some(window) = PAUSE_WINDOWS.get_ptr_mut(tgid) else {
         return 0;
     };
-    // SAFETY: uprobe context, pt_regs readable; the window is this
-    // process's, and its pauses never overlap (`worldsema`).
+    let r = regs::of_probe(&ctx);
+    // SAFETY: the window is this process's, and its pauses never overlap
+    // (`worldsema`).
     unsafe {
-        let regs = &*ctx.regs;
         if (*window).stop_ts_ns == 0 {
             return 0;
         }
-        (*window).stopping.stopping_ns = regs.rbx;
+        // `record(h, duration)`: the stopping phase's length.
+        (*window).stopping.stopping_ns = regs::arg1(r);
         (*window).flags |= PauseEvent::FLAG_STOPPING;
         if (*window).setup & PauseWindow::SETUP_EXPLAINED != 0 {
             explain::stopped(tgid, explain::now());
