@@ -77,6 +77,25 @@ pub fn call_target(pc: u64, w: u32) -> Option<u64> {
     })
 }
 
+/// `str x30, [sp, #-n]!` (Go's `MOVD.W R30, -n(RSP)`): n.
+pub fn push_link_register(w: u32) -> Option<u64> {
+    if w & 0xffe0_0c00 != 0xf800_0c00 || rn(w) != SP || rd(w) != 30 {
+        return None;
+    }
+    let imm9 = ((((w >> 12) & 0x1ff) << 23) as i32) >> 23;
+    (imm9 < 0).then(|| u64::from(imm9.unsigned_abs()))
+}
+
+/// `mov sp, Xn` (`add sp, Xn, #0`): n.
+pub fn move_to_sp(w: u32) -> Option<u32> {
+    (w & 0xffff_fc00 == 0x9100_0000 && rd(w) == SP).then_some(rn(w))
+}
+
+/// `stp Xt1, Xt2, [Xn, #imm]` (64-bit, signed offset).
+pub fn is_store_pair(w: u32) -> bool {
+    w & 0xffc0_0000 == 0xa900_0000
+}
+
 /// `stlr Xt, [Xn]` (a 64-bit atomic store): (t, n).
 pub fn store_release(w: u32) -> Option<(u32, u32)> {
     (w & 0xffff_fc00 == 0xc89f_fc00).then_some((rd(w), rn(w)))
@@ -109,6 +128,11 @@ mod tests {
         assert!(is_branch_if_lower_or_same(0x5400_19c9)); // BLS 206(PC)
         assert!(!is_branch_if_lower_or_same(0x5400_0202)); // BCS 16(PC)
         assert_eq!(store_release(0xc89f_fc41), Some((1, 2))); // STLR R1, (R2)
+        assert_eq!(push_link_register(0xf819_0ffe), Some(112)); // MOVD.W R30, -112(RSP)
+        assert_eq!(push_link_register(0xf816_0ffe), Some(160)); // MOVD.W R30, -160(RSP)
+        assert_eq!(push_link_register(0xf81f_83fd), None); // MOVD R29, -8(RSP)
+        assert_eq!(move_to_sp(0x9100_029f), Some(20)); // MOVD R20, RSP
+        assert!(is_store_pair(0xa93f_fa9d)); // STP (R29, R30), -8(R20)
     }
 
     #[test]

@@ -95,12 +95,13 @@ fn arm64_entry_probe_offset(address: u64, code: &[u8]) -> u64 {
 }
 
 /// How far a Go prologue moves RSP down (`push rbp` and `sub rsp, N`, or
-/// `sub rsp, N` alone before Go 1.21), read from its first instructions:
-/// RSP inside the body is the entry's minus this (amd64; `None` elsewhere or
-/// for another prologue).
+/// `sub rsp, N` alone before Go 1.21; on arm64 `MOVD.W R30, -N(RSP)`, or
+/// for large frames `SUB $N, RSP, R20; STP (R29, R30), -8(R20); MOVD R20,
+/// RSP`), read from its first instructions: SP inside the body is the
+/// entry's minus this (`None` for another prologue).
 pub fn frame_drop(arch: Arch, address: u64, code: &[u8]) -> Option<u64> {
-    if arch != Arch::Amd64 {
-        return None;
+    if arch == Arch::Arm64 {
+        return arm64_frame_drop(address, code);
     }
     let mut drop = 0;
     for insn in Decoder::with_ip(64, code, address, DecoderOptions::NONE)
@@ -116,6 +117,36 @@ pub fn frame_drop(arch: Arch, address: u64, code: &[u8]) -> Option<u64> {
             Code::Lea_r64_m | Code::Cmp_r64_rm64 | Code::Jbe_rel8_64 | Code::Jbe_rel32_64 => {}
             Code::Mov_r64_rm64 | Code::Mov_rm64_r64 => {}
             _ => return None,
+        }
+    }
+    None
+}
+
+fn arm64_frame_drop(address: u64, code: &[u8]) -> Option<u64> {
+    // (register, amount) of a `sub Xd, sp, #amount` that becomes SP.
+    let mut pending: Option<(u32, u64)> = None;
+    for (_, w) in arm64::words(address, code).take(10) {
+        if let Some(n) = arm64::push_link_register(w) {
+            return Some(n);
+        }
+        if let (Some((reg, n)), Some(from)) = (pending, arm64::move_to_sp(w)) {
+            return (from == reg).then_some(n);
+        }
+        match arm64::sub_from_sp(w) {
+            // The stack check's bound (R17), not the frame.
+            Some((17, _)) => continue,
+            Some((reg, n)) => {
+                pending = Some((reg, n));
+                continue;
+            }
+            None => {}
+        }
+        let prologue = arm64::load_from_g(w).is_some()
+            || arm64::compare(w).is_some()
+            || arm64::is_branch_if_lower_or_same(w)
+            || (pending.is_some() && arm64::is_store_pair(w));
+        if !prologue {
+            return None;
         }
     }
     None
@@ -183,6 +214,30 @@ mod tests {
         // xor eax, eax; ret: not a prologue
         assert_eq!(frame_drop(Arch::Amd64, 0x1000, &[0x31, 0xc0, 0xc3]), None);
         assert_eq!(frame_drop(Arch::Arm64, 0x1000, &code), None);
+    }
+
+    #[test]
+    fn arm64_frame_drop_reads_both_prologues() {
+        // Go 1.19 startTheWorldWithSema: ...; BLS; MOVD.W R30, -96(RSP)
+        let small = arm64_code(&[0xf940_0b90, 0xeb30_63ff, 0x5400_0e49, 0xf81a_0ffe]);
+        assert_eq!(frame_drop(Arch::Arm64, 0x46f40, &small), Some(96));
+        // Go 1.27 copystack: MOVD 16(R28), R16; SUB $128, RSP, R17; CMP;
+        // BLS; SUB $256, RSP, R20; STP (R29, R30), -8(R20); MOVD R20, RSP
+        let large = arm64_code(&[
+            0xf940_0b90,
+            0xd102_03f1,
+            0xeb10_023f,
+            0x5400_1c89,
+            0xd104_03f4,
+            0xa93f_fa9d,
+            0x9100_029f,
+        ]);
+        assert_eq!(frame_drop(Arch::Arm64, 0x6dea0, &large), Some(256));
+        // No prologue: MOVD 112(R0), R2 first.
+        assert_eq!(
+            frame_drop(Arch::Arm64, 0, &arm64_code(&[0xf940_3802])),
+            None
+        );
     }
 
     #[test]

@@ -351,7 +351,52 @@ struct Disassembled {
     prologue_branch: Option<u64>,
     /// Its calls of `timeHistogram.record`.
     record_calls: Vec<u64>,
+    /// How far its prologue moves SP down, as objdump shows the prologue.
+    frame_drop: Option<u64>,
+    /// The prologue read so far: (bytes pushed (amd64's BP), a pending
+    /// arm64 `SUB $n, RSP, Rd` as (Rd, n)).
+    pushed: u64,
+    pending_sub: Option<(String, u64)>,
     seen: usize,
+}
+
+impl Disassembled {
+    /// Follow the prologue's SP adjustments in instruction `f` (objdump's
+    /// fields: mnemonic at 3, operands after).
+    fn prologue(&mut self, f: &[&str]) {
+        if self.frame_drop.is_some() || self.seen > 10 {
+            return;
+        }
+        let op = |i: usize| f.get(i).copied().unwrap_or("");
+        let imm = |s: &str| {
+            let s = s.trim_start_matches('$').trim_end_matches(',');
+            match s.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16).ok(),
+                None => s.parse().ok(),
+            }
+        };
+        match op(3) {
+            "PUSHQ" if op(4) == "BP" => self.pushed += 8,
+            "SUBQ" if op(5) == "SP" => self.frame_drop = imm(op(4)).map(|n| n + self.pushed),
+            "MOVD.W" if op(4) == "R30," => {
+                self.frame_drop = op(5)
+                    .strip_suffix("(RSP)")
+                    .and_then(|n| n.strip_prefix('-'))
+                    .and_then(|n| n.parse().ok());
+            }
+            "SUB" if op(5) == "RSP," && op(6) != "R17" => {
+                self.pending_sub = imm(op(4)).map(|n| (op(6).to_owned(), n));
+            }
+            "MOVD" if op(5) == "RSP" => {
+                if let Some((reg, n)) = &self.pending_sub
+                    && op(4).trim_end_matches(',') == reg
+                {
+                    self.frame_drop = Some(*n);
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 /// `go tool objdump` of each of `RET_CHECKED` (one run per binary).
@@ -383,6 +428,7 @@ fn objdump_rets(b: &Build) -> HashMap<String, Disassembled> {
             let addr = u64::from_str_radix(f[1].trim_start_matches("0x"), 16).unwrap();
             let d = out.entry(current.clone()).or_default();
             d.seen += 1;
+            d.prologue(&f);
             if f[3] == "RET" {
                 d.rets.push(addr);
             }
@@ -514,6 +560,17 @@ fn entries_and_rets_match_the_go_toolchain() {
                 f.entry_probe_offset,
                 want_probe,
                 "{}: {name} entry probe",
+                b.label()
+            );
+            // The prologue's drop (the end probes' stack slot is found
+            // from it).
+            let want_drop = rets[name].frame_drop.unwrap_or_else(|| {
+                panic!("{}: objdump shows no frame set-up in {name}", b.label())
+            });
+            assert_eq!(
+                bin.frame_drop(name).unwrap(),
+                Some(want_drop),
+                "{}: {name}'s frame drop",
                 b.label()
             );
             // The stopping and end probes' calls (Go 1.22+ records its
