@@ -206,11 +206,18 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         let _ = fs::remove_file(&swap);
         report
     };
-    // A guest that never reached its tests ran none: boot it once more,
-    // and say so (its console is kept beside the new one).
+    // A guest that never reached its tests ran none, and one whose kernel
+    // died (an emulator race, `qemu::GuestPanicked`) ended its tests
+    // unfinished: boot it once more, and say so (its console is kept beside
+    // the new one). The tests must then pass in full.
     let report = match boot() {
-        Err(e) if e.is::<qemu::NotBooted>() => {
-            let kept = work.join("console.not-booted.log");
+        Err(e) if e.is::<qemu::NotBooted>() || e.is::<qemu::GuestPanicked>() => {
+            let name = if e.is::<qemu::NotBooted>() {
+                "console.not-booted.log"
+            } else {
+                "console.panicked.log"
+            };
+            let kept = work.join(name);
             fs::rename(&log, &kept)?;
             eprintln!("{e}; booting once more (that console: {})", kept.display());
             boot()?
