@@ -25,3 +25,31 @@ pub use crate::model::observed::Sink;
 
 #[cfg(test)]
 mod recorded_tests;
+
+#[cfg(test)]
+pub mod tests_support {
+    use std::{
+        io::{self, Write},
+        sync::{Arc, Mutex},
+    };
+
+    /// A `Write` whose bytes a test reads afterwards (a sink's output).
+    #[derive(Clone, Default)]
+    pub struct Captured(pub Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        pub fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
+}

@@ -4,7 +4,6 @@
 //! golden` rewrites the files after an intended change).
 
 use std::{
-    io::{self, Write},
     path::PathBuf,
     sync::{Arc, Mutex},
 };
@@ -14,6 +13,7 @@ use super::{
     metrics::{Metrics, MetricsSink},
     report::{Output, ReportSink, View},
     slow_pauses::{Query, SlowPauseSink, SlowPauseStore, StoreLimits},
+    tests_support::Captured,
     timeline::TimelineSink,
 };
 use crate::{
@@ -133,26 +133,6 @@ fn a_recorded_stream_gives_both_sinks_the_same_numbers() {
         .map(|p| p.all.faults)
         .sum();
     assert_eq!(per_pause, in_records as f64);
-}
-
-/// A `Write` whose bytes the test reads afterwards.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
 }
 
 /// The report of `view` as text or JSON: live lines (every pause), then

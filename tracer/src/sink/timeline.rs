@@ -201,24 +201,13 @@ impl Sink for TimelineSink {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
     use super::*;
-    use crate::{model::observed::ObservedPause, model::pause::tests_support::record};
-
-    /// A `Write` whose bytes the test can read afterwards.
-    #[derive(Clone, Default)]
-    struct Shared(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Shared {
-        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::{
+        model::observed::ObservedPause, model::pause::tests_support::record,
+        sink::tests_support::Captured,
+    };
 
     fn fault(tid: u32, begin: u64) -> Fault {
         Fault {
@@ -238,7 +227,7 @@ mod tests {
 
     #[test]
     fn one_complete_event_per_pause_with_the_record_as_args() {
-        let out = Shared::default();
+        let out = Captured::default();
         let mut t = TimelineSink::new(Box::new(out.clone())).unwrap();
         let info = crate::model::observed::tests_support::api_process(7, "");
         let mut r = record(7, 1_000_123, 2_345_678);
