@@ -52,4 +52,38 @@ pub mod tests_support {
             String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
         }
     }
+
+    /// `stream` through the report and the metrics at once: the report's
+    /// summary, and the metrics' exposition (with their registry).
+    pub fn summary_and_metrics(
+        stream: &[crate::model::observed::Observed],
+    ) -> (super::report::Summary, String, Arc<super::metrics::Metrics>) {
+        use super::{
+            Sink as _,
+            metrics::{Metrics, MetricsSink},
+            report::{Output, ReportSink, View},
+        };
+        let report = ReportSink::new(
+            View::Trace,
+            Output::new(Box::new(io::sink()), true, u64::MAX),
+            true,
+            None,
+        );
+        let metrics = Arc::new(Metrics::new());
+        let mut both = (report, MetricsSink::new(metrics.clone()));
+        both.observe_all(stream);
+        let summary = both.0.summary(0);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, metrics.registry()).unwrap();
+        (summary, text, metrics)
+    }
+
+    /// The value of the first series line of `text` that starts with
+    /// `series` (name and labels).
+    pub fn value(text: &str, series: &str) -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    }
 }

@@ -13,7 +13,7 @@ use super::{
     metrics::{Metrics, MetricsSink},
     report::{Output, ReportSink, View},
     slow_pauses::{Query, SlowPauseSink, SlowPauseStore, StoreLimits},
-    tests_support::Captured,
+    tests_support::{Captured, summary_and_metrics, value},
     timeline::TimelineSink,
 };
 use crate::{
@@ -66,32 +66,11 @@ fn recorded_stream() -> Vec<Observed> {
     out
 }
 
-/// The value of the first series line starting with `prefix`.
-fn value(text: &str, prefix: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
-}
-
 /// One recorded stream, two sinks: the report's numbers and the
 /// metrics' numbers are the same.
 #[test]
 fn a_recorded_stream_gives_both_sinks_the_same_numbers() {
-    let out = recorded_stream();
-    let mut report = ReportSink::new(
-        View::Trace,
-        Output::new(Box::new(std::io::sink()), true, u64::MAX),
-        true,
-        None,
-    );
-    let metrics = Arc::new(Metrics::new());
-    let mut both = (report, MetricsSink::new(metrics.clone()));
-    both.observe_all(&out);
-    report = both.0;
-    let s = report.summary(0);
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, metrics.registry()).unwrap();
+    let (s, text, _) = summary_and_metrics(&recorded_stream());
     let l =
         r#"executable="api",go_version="go1.26.6",build_id="b1",container="",namespace="",pod="""#;
 

@@ -163,8 +163,6 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use prometheus_client::encoding::text::encode;
     use tracer_common::{
         event::{EventHeader, EventKind},
@@ -179,13 +177,8 @@ mod tests {
             correlate::GRACE_NS,
             stream::{Stream, StreamOptions, tests::bytes},
         },
-        model::labels::ProcessLabels,
-        model::observed::{Observed, ProcessInfo},
-        sink::{
-            Sink as _,
-            metrics::{Metrics, MetricsSink},
-            report::{Output, ReportSink, View},
-        },
+        model::observed::{Observed, tests_support::api_process},
+        sink::tests_support::{summary_and_metrics, value},
     };
 
     const MS: u64 = 1_000_000;
@@ -246,33 +239,13 @@ mod tests {
         bytes(&d)
     }
 
-    fn value(text: &str, series: &str) -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(series))
-            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
-    }
-
     /// A recorded stream of two explained GCs: the series carry the same
     /// breakdown as the report's summary, part by part, pass promtool, and
     /// go with their process.
     #[test]
     fn a_recorded_stream_gives_the_breakdown_the_summary_has() {
-        let labels = ProcessLabels {
-            executable: "api".into(),
-            go_version: "go1.26.6".into(),
-            build_id: "b1".into(),
-            container: String::new(),
-            namespace: String::new(),
-            pod: String::new(),
-        };
-        let info = Arc::new(ProcessInfo {
-            pid: PID,
-            exe: "/srv/api".into(),
-            labels: labels.clone(),
-            go_version: "go1.26.6".into(),
-            image: None,
-        });
+        let info = api_process(PID, "b1");
+        let labels = info.labels.clone();
         let mut stream = Stream::new(
             WallClock::default(),
             StreamOptions {
@@ -293,19 +266,7 @@ mod tests {
         }
         stream.settle(1_200 * MS + GRACE_NS, &mut out);
 
-        let mut report = ReportSink::new(
-            View::Trace,
-            Output::new(Box::new(std::io::sink()), true, u64::MAX),
-            true,
-            None,
-        );
-        let metrics = Arc::new(Metrics::new());
-        let mut both = (report, MetricsSink::new(metrics.clone()));
-        both.observe_all(&out);
-        report = both.0;
-        let s = report.summary(0);
-        let mut text = String::new();
-        encode(&mut text, metrics.registry()).unwrap();
+        let (s, text, metrics) = summary_and_metrics(&out);
         let l = r#"executable="api",go_version="go1.26.6",build_id="b1",container="",namespace="",pod="",reason="gc_sweep_termination""#;
 
         let by_reason = &s.processes[0].by_reason[0];
