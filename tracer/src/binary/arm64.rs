@@ -29,7 +29,9 @@ pub fn words(address: u64, code: &[u8]) -> impl Iterator<Item = (u64, u32)> + '_
 /// Go's g register.
 const G: u32 = 28;
 /// The stack pointer, where an instruction's register field means SP.
-const SP: u32 = 31;
+pub const SP: u32 = 31;
+/// `ret` (to x30).
+pub const RET: u32 = 0xd65f_03c0;
 
 fn rd(w: u32) -> u32 {
     w & 31

@@ -79,9 +79,7 @@ fn arm64_refs(address: u64, code: &[u8]) -> Vec<DataRef> {
     const REACH: usize = 4;
     let mut pages: [Option<(u64, usize)>; 32] = [None; 32];
     let mut out = Vec::new();
-    for (i, word) in code.chunks_exact(4).enumerate() {
-        let insn = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
-        let pc = address + 4 * i as u64;
+    for (i, (pc, insn)) in super::arm64::words(address, code).enumerate() {
         let rd = (insn & 31) as usize;
         let rn = ((insn >> 5) & 31) as usize;
         let base = pages[rn]

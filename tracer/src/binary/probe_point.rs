@@ -77,7 +77,7 @@ fn arm64_entry_probe_offset(address: u64, code: &[u8]) -> u64 {
     let Some((_, mut w)) = words.next() else {
         return 0;
     };
-    let mut bound = 31; // SP
+    let mut bound = arm64::SP;
     if let Some((rd, _)) = arm64::sub_from_sp(w) {
         bound = rd;
         let Some((_, next)) = words.next() else {

@@ -4,7 +4,7 @@
 
 use iced_x86::{Decoder, DecoderOptions, Mnemonic};
 
-use super::Arch;
+use super::{Arch, arm64};
 
 /// Offsets, relative to the function start, of each return instruction.
 pub fn ret_offsets(arch: Arch, address: u64, code: &[u8]) -> Vec<u64> {
@@ -24,11 +24,9 @@ pub fn ret_offsets(arch: Arch, address: u64, code: &[u8]) -> Vec<u64> {
             }
             rets
         }
-        Arch::Arm64 => code
-            .chunks_exact(4)
-            .enumerate()
-            .filter(|(_, w)| u32::from_le_bytes([w[0], w[1], w[2], w[3]]) == 0xd65f03c0)
-            .map(|(i, _)| (i * 4) as u64)
+        Arch::Arm64 => arm64::words(address, code)
+            .filter(|&(_, w)| w == arm64::RET)
+            .map(|(pc, _)| pc - address)
             .collect(),
     }
 }
