@@ -153,6 +153,23 @@ fn pairs<'a>(labels: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str
     labels.iter().map(|(k, v)| (*k, v.as_str())).collect()
 }
 
+/// The stop-the-world entries the agent on `port` counts for executable
+/// `exe` in the series that carry every one of `labels` (`name="value"`).
+fn entries(port: u16, exe: &str, labels: &[&str]) -> f64 {
+    let (_, body) = http_get(port, "/metrics").unwrap_or_default();
+    let exe = format!("executable=\"{exe}\"");
+    let mut all = vec![exe.as_str()];
+    all.extend(labels);
+    sum_series(&body, "gostw_stop_the_world_entries_total", &all)
+}
+
+/// Stop the agent started last in `procs`.
+fn stop_newest_agent(procs: &mut Procs) {
+    let (_, mut agent) = procs.children.pop().unwrap();
+    let _ = agent.kill();
+    let _ = agent.wait();
+}
+
 /// The slow-pause records the agent serves for `query` (JSON lines).
 fn records(port: u16, query: &str) -> Vec<serde_json::Value> {
     let (status, body) = http_get(port, &format!("/debug/pauses?format=json&{query}"))
@@ -196,18 +213,12 @@ fn agent_names_pods_namespaces_and_containers_from_containerd() {
     let web0 = k8s("web-0");
     let named = containerd.run(&program, &workload, &pairs(&web0));
     let plain = containerd.run(&program, &workload, &[]);
-    let entries = |filters: &[&str]| -> f64 {
-        let (_, body) = http_get(port, "/metrics").unwrap_or_default();
-        let mut f = vec![format!("executable=\"{exe}\"")];
-        f.extend(filters.iter().map(|s| s.to_string()));
-        let f: Vec<&str> = f.iter().map(String::as_str).collect();
-        sum_series(&body, "gostw_stop_the_world_entries_total", &f)
-    };
+    let counted = |filters: &[&str]| entries(port, &exe, filters);
     let series = |filters: &[&str]| {
         wait_until(
             &format!("a series with {filters:?}"),
             Duration::from_secs(30),
-            || (entries(filters) > 0.0).then_some(()),
+            || (counted(filters) > 0.0).then_some(()),
         )
     };
     series(&[
@@ -222,9 +233,9 @@ fn agent_names_pods_namespaces_and_containers_from_containerd() {
     ];
     series(&plain_labels.iter().map(String::as_str).collect::<Vec<_>>());
     // Nothing labelled wrongly: every series of the program is one of the two.
-    let all = entries(&[]);
-    let web0_now = entries(&[r#"pod="web-0""#]);
-    let plain_now = entries(&plain_labels.iter().map(String::as_str).collect::<Vec<_>>());
+    let all = counted(&[]);
+    let web0_now = counted(&[r#"pod="web-0""#]);
+    let plain_now = counted(&plain_labels.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(
         (all - web0_now - plain_now).abs() < 1e-9,
         "series other than the two containers' ({all} entries, {web0_now} + {plain_now})"
@@ -279,7 +290,7 @@ fn agent_names_pods_namespaces_and_containers_from_containerd() {
     wait_until(
         "the old pod's series to go",
         Duration::from_secs(30),
-        || (entries(&[r#"pod="web-0""#]) == 0.0).then_some(()),
+        || (counted(&[r#"pod="web-0""#]) == 0.0).then_some(()),
     );
     let agent_log = fs::read_to_string(&log).unwrap();
     assert!(
@@ -374,14 +385,6 @@ fn agent_names_podman_containers_from_their_storage() {
                 .status();
         }
     }));
-    let entries = |port: u16, label: &str| -> f64 {
-        let (_, body) = http_get(port, "/metrics").unwrap_or_default();
-        sum_series(
-            &body,
-            "gostw_stop_the_world_entries_total",
-            &[&format!("executable=\"{exe}\""), label],
-        )
-    };
     for (podman_root, label) in [
         (root.display().to_string(), format!("container=\"{name}\"")),
         ("off".to_owned(), format!("container=\"{}\"", &id[..12])),
@@ -396,12 +399,9 @@ fn agent_names_podman_containers_from_their_storage() {
         wait_until(
             &format!("a series with {label} (--podman-root {podman_root})"),
             Duration::from_secs(30),
-            || (entries(port, &label) > 0.0).then_some(()),
+            || (entries(port, &exe, &[&label]) > 0.0).then_some(()),
         );
-        let (_, p) = procs.children.pop().unwrap();
-        let mut agent = p;
-        let _ = agent.kill();
-        let _ = agent.wait();
+        stop_newest_agent(&mut procs);
     }
 }
 
@@ -559,13 +559,6 @@ fn agent_names_docker_containers_from_the_engine_api() {
             ("io.kubernetes.container.name", "app"),
         ],
     );
-    let entries = |port: u16, labels: &[&str]| -> f64 {
-        let (_, body) = http_get(port, "/metrics").unwrap_or_default();
-        let mut f = vec![format!("executable=\"{exe}\"")];
-        f.extend(labels.iter().map(|s| s.to_string()));
-        let f: Vec<&str> = f.iter().map(String::as_str).collect();
-        sum_series(&body, "gostw_stop_the_world_entries_total", &f)
-    };
     let socket = docker.socket.display().to_string();
     let by_name = format!("container=\"{plain}\"");
     let by_id = format!("container=\"{}\"", &plain_id[..12]);
@@ -601,13 +594,13 @@ fn agent_names_docker_containers_from_the_engine_api() {
             wait_until(
                 &format!("a series with {labels:?} (--docker-socket {docker_socket})"),
                 Duration::from_secs(30),
-                || (entries(port, labels) > 0.0).then_some(()),
+                || (entries(port, &exe, labels) > 0.0).then_some(()),
             );
         }
         if docker_socket != "off" {
             // Every series of the program is one of the two containers'.
-            let all = entries(port, &[]);
-            let named: f64 = expected.iter().map(|l| entries(port, l)).sum();
+            let all = entries(port, &exe, &[]);
+            let named: f64 = expected.iter().map(|l| entries(port, &exe, l)).sum();
             assert!(
                 (all - named).abs() < 1e-9,
                 "series other than the two containers' ({all} entries, {named} named)"
@@ -618,8 +611,6 @@ fn agent_names_docker_containers_from_the_engine_api() {
                 "the agent could not ask Docker:\n{agent_log}"
             );
         }
-        let (_, mut agent) = procs.children.pop().unwrap();
-        let _ = agent.kill();
-        let _ = agent.wait();
+        stop_newest_agent(&mut procs);
     }
 }
