@@ -133,35 +133,12 @@ fn report(stream: &[Observed], view: View, json: bool) -> String {
 /// times of day (the time zone's; the JSON keeps the clocks as numbers)
 /// and the timeline's command line (the test binary's).
 fn normalized(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let b = text.as_bytes();
-    let mut i = 0;
-    // HH:MM:SS.uuuuuu
-    let shape = b"dd:dd:dd.dddddd";
-    while i < b.len() {
-        let is_time = b.len() - i >= shape.len()
-            && shape.iter().zip(&b[i..]).all(|(s, c)| match s {
-                b'd' => c.is_ascii_digit(),
-                s => s == c,
-            });
-        if is_time {
-            out.push_str("HH:MM:SS.uuuuuu");
-            i += shape.len();
-        } else {
-            let c = text[i..].chars().next().unwrap();
-            out.push(c);
-            i += c.len_utf8();
-        }
-    }
-    match out.find("\"command\":\"") {
-        Some(at) => {
-            let from = at + "\"command\":\"".len();
-            let to = from + out[from..].find('"').unwrap();
-            out.replace_range(from..to, "COMMAND");
-            out
-        }
-        None => out,
-    }
+    let time_of_day = regex::Regex::new(r"\d\d:\d\d:\d\d\.\d{6}").unwrap();
+    let command = regex::Regex::new(r#""command":"[^"]*""#).unwrap();
+    let text = time_of_day.replace_all(text, "HH:MM:SS.uuuuuu");
+    command
+        .replace_all(&text, r#""command":"COMMAND""#)
+        .into_owned()
 }
 
 /// Every output of `stream`, by file name in `golden/`.
