@@ -53,7 +53,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
 /// Build gostw in release mode, static (the binary `cargo xtask dist`
 /// ships); returns it.
 pub fn build_gostw_release() -> anyhow::Result<PathBuf> {
-    crate::dist::build_static()
+    crate::dist::build_static(crate::arch::Arch::Amd64)
 }
 
 /// Build the bundled `stw` workload with `toolchain`; returns the binary.

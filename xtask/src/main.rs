@@ -3,6 +3,7 @@
 //! demo` traces a bundled Go workload; `cargo xtask bench` measures overhead;
 //! `cargo xtask vm-test` runs the kernel tests in a VM on a distro kernel.
 
+mod arch;
 mod bench;
 mod book;
 mod cmd;

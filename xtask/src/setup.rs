@@ -26,6 +26,10 @@ const APT_PACKAGES: &[&str] = &[
     "bpftool",
     "prometheus",
     "qemu-system-x86",
+    // qemu-system-aarch64 for the arm64 VM suite, and qemu-aarch64 to run
+    // arm64 builds on this host (listing the arm64 tests, `--version`).
+    "qemu-system-arm",
+    "qemu-user",
     "busybox-static",
     // A real containerd and runc for the agent's container names test.
     "containerd",
@@ -60,6 +64,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     if !opts.minimal {
         apt_packages(APT_PACKAGES)?;
         kernel_suites()?;
+        arm64_target()?;
     }
     let versions: Vec<_> = if opts.minimal {
         vec![go::toolchain(go::DEFAULT).expect("default Go is in the matrix")]
@@ -229,7 +234,10 @@ pub fn kernel_suites() -> anyhow::Result<bool> {
         .collect::<Vec<_>>()
         .join("\n");
     let same = |path: &str, text: &str| fs::read_to_string(path).is_ok_and(|t| t == text);
-    if same(KERNEL_SOURCES, &sources) && same(KERNEL_PINS, &pins) {
+    // The arm64 VM suite's kernel and busybox are Debian's arm64 packages.
+    let foreign = output(Command::new("dpkg").arg("--print-foreign-architectures"))?;
+    let arm64 = foreign.lines().any(|a| a.trim() == "arm64");
+    if same(KERNEL_SOURCES, &sources) && same(KERNEL_PINS, &pins) && arm64 {
         eprintln!("already configured");
         return Ok(false);
     }
@@ -238,11 +246,39 @@ pub fn kernel_suites() -> anyhow::Result<bool> {
             "adding apt suites needs root (or write {KERNEL_SOURCES} and {KERNEL_PINS} yourself)"
         );
     }
+    if !arm64 {
+        exec(Command::new("dpkg").args(["--add-architecture", "arm64"]))?;
+    }
     // Pins first: the suites never exist without them.
     fs::write(KERNEL_PINS, pins)?;
     fs::write(KERNEL_SOURCES, sources)?;
     exec(Command::new("apt-get").args(["update", "-q"]))?;
     Ok(true)
+}
+
+/// What cross-building and checking the arm64 gostw needs (`cargo xtask
+/// dist` after a minimal set-up): Debian's cross linker and C library,
+/// QEMU's user-mode emulator, Rust's aarch64 standard library.
+pub fn cross_tools() -> anyhow::Result<()> {
+    apt_packages(&[
+        "gcc-aarch64-linux-gnu",
+        "libc6-dev-arm64-cross",
+        "qemu-user",
+    ])?;
+    arm64_target()
+}
+
+/// Rust's standard library for aarch64 (the arm64 build of gostw, its
+/// tests and the arm64 VM suite; linked by Debian's gcc-aarch64-linux-gnu).
+fn arm64_target() -> anyhow::Result<()> {
+    let target = crate::arch::Arch::Arm64.rust_target();
+    step(&format!("Rust target {target}"));
+    let installed = output(Command::new("rustup").args(["target", "list", "--installed"]))?;
+    if installed.lines().any(|l| l.trim() == target) {
+        eprintln!("already installed");
+        return Ok(());
+    }
+    exec(Command::new("rustup").args(["target", "add", target]))
 }
 
 /// The URI of Debian's main archive in this machine's apt sources.

@@ -15,6 +15,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use crate::{
+    arch::Arch,
     cmd::{exec, step, workspace_root},
     demo, go, setup, vm,
 };
@@ -28,7 +29,7 @@ pub struct Options {
     #[arg(long)]
     pub no_vm: bool,
     /// Kernels the VM step boots, one after the other (`cargo xtask vm-test
-    /// --kernel` names).
+    /// --kernel` names; `arm64:NAME` for an arm64 guest).
     #[arg(long, value_delimiter = ',', default_values_t = vm::CI_KERNELS.map(String::from))]
     pub vm_kernels: Vec<String>,
     /// Run the kernel tests (host, and VM unless --no-vm) this many times
@@ -114,7 +115,9 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             step("unit tests");
             exec(cargo().args(["test", "--workspace", "--exclude", "tracer-ebpf"]))
         })?;
-        timed("dist", &mut || crate::dist::artifacts(&release))?;
+        timed("dist", &mut || {
+            crate::dist::artifacts(&[(Arch::Amd64, release.clone())])
+        })?;
         for round in 1..=opts.repeat {
             let of = if opts.repeat > 1 {
                 format!(" (run {round} of {})", opts.repeat)
@@ -146,8 +149,10 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             for kernel in opts.vm_kernels.iter().filter(|_| !opts.no_vm) {
                 let r = timed(&format!("VM kernel tests, {kernel}{of}"), &mut || {
                     step(&format!("kernel tests in a VM ({kernel}, QEMU/TCG){of}"));
+                    let (arch, kernel) = vm::kernel_entry(kernel)?;
                     vm::run(&vm::Options {
-                        kernel: kernel.clone(),
+                        arch,
+                        kernel,
                         ..vm::Options::default()
                     })
                 });

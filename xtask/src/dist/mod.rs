@@ -1,7 +1,8 @@
 //! `cargo xtask dist`: what people install, in `target/dist`. A static
-//! `gostw` for x86_64 (the eBPF programs are embedded in it, so it is the
-//! whole tool), its SHA-256, a `.deb` with the agent's systemd unit, and the
-//! agent's container image (image.rs). The static binary is also the
+//! `gostw` for x86_64 and one for aarch64 (the eBPF programs, built for the
+//! same architecture, are embedded in it, so it is the whole tool), each
+//! with its SHA-256 and a `.deb` with the agent's systemd unit, and the
+//! agent's container image (image.rs, x86_64). The static binary is also the
 //! release `gostw` every other command builds (`build_static`): the tests,
 //! benches and the VM suite run what people install.
 //!
@@ -10,8 +11,8 @@
 //! nothing of glibc's that needs its shared parts at run time (no name
 //! service lookups: listen addresses are IP literals). Each artifact is
 //! checked before it is called done: the binary has no program interpreter
-//! and runs alone in an empty root; the package's own copy answers
-//! `--version`.
+//! and runs alone in an empty root (the aarch64 one: under qemu-aarch64,
+//! outside it); the package's own copy answers `--version`.
 
 use std::{
     fs,
@@ -22,13 +23,13 @@ use std::{
 use anyhow::{Context as _, bail, ensure};
 
 use crate::{
+    arch::Arch,
     cmd::{exec, output, step, workspace_root},
     setup,
 };
 
 mod image;
 
-const TARGET: &str = "x86_64-unknown-linux-gnu";
 const UNIT: &str = "deploy/systemd/gostw-agent.service";
 
 #[derive(clap::Args)]
@@ -41,29 +42,34 @@ pub struct Options {
 pub fn run(opts: &Options) -> anyhow::Result<()> {
     if !opts.no_setup {
         setup::run(&setup::Options { minimal: true })?;
+        setup::cross_tools()?;
     }
-    let built = build_static()?;
-    artifacts(&built)
+    let builds = [Arch::Amd64, Arch::Arm64]
+        .into_iter()
+        .map(|arch| Ok((arch, build_static(arch)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    artifacts(&builds)
 }
 
 /// Build the static release `gostw` (checked to have no program
 /// interpreter); returns it.
-pub fn build_static() -> anyhow::Result<PathBuf> {
-    step("build gostw (release, static: crt-static, x86_64)");
+pub fn build_static(arch: Arch) -> anyhow::Result<PathBuf> {
+    step(&format!(
+        "build gostw (release, static: crt-static, {})",
+        arch.uname()
+    ));
     let root = workspace_root();
-    // The target's own RUSTFLAGS: the eBPF build that tracer's build script
-    // runs (another target) must not get crt-static.
     exec(
-        Command::new("cargo")
-            .current_dir(&root)
-            .args(["build", "--release", "-p", "tracer", "--bin", "gostw"])
-            .args(["--target", TARGET])
-            .env(
-                "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
-                "-C target-feature=+crt-static",
-            ),
+        arch.cargo_static(Command::new("cargo").current_dir(&root).args([
+            "build",
+            "--release",
+            "-p",
+            "tracer",
+            "--bin",
+            "gostw",
+        ])),
     )?;
-    let built = root.join(format!("target/{TARGET}/release/gostw"));
+    let built = root.join(format!("target/{}/release/gostw", arch.rust_target()));
     let interp = interpreter(&fs::read(&built)?)?;
     ensure!(
         interp.is_none(),
@@ -73,40 +79,44 @@ pub fn build_static() -> anyhow::Result<PathBuf> {
     Ok(built)
 }
 
-/// From the static `built`: the named binary run alone in an empty root,
-/// its checksum, the `.deb` and the image, each checked, in `target/dist`.
-pub fn artifacts(built: &Path) -> anyhow::Result<()> {
+/// From each static build of `builds`: the named binary run alone, its
+/// checksum and its `.deb`, and from the amd64 one the image, each checked,
+/// in `target/dist`.
+pub fn artifacts(builds: &[(Arch, PathBuf)]) -> anyhow::Result<()> {
     let root = workspace_root();
     let dist = root.join("target/dist");
     fs::create_dir_all(&dist)?;
-    step("dist: the binary alone");
-    let version = version_of(built)?;
-    let name = format!("gostw-{version}-x86_64-linux");
-    let binary = dist.join(&name);
-    fs::copy(built, &binary)?;
-    runs_alone(&binary, &dist.join("empty-root"))?;
+    let mut made = Vec::new();
+    for (arch, built) in builds {
+        let arch = *arch;
+        step(&format!("dist: the {} binary alone", arch.uname()));
+        let version = version_of(arch, built)?;
+        let name = format!("gostw-{version}-{}-linux", arch.uname());
+        let binary = dist.join(&name);
+        fs::copy(built, &binary)?;
+        runs_alone(arch, &binary, &dist.join("empty-root"))?;
 
-    step("checksum");
-    let sum = output(Command::new("sha256sum").arg(&name).current_dir(&dist))?;
-    fs::write(dist.join(format!("{name}.sha256")), &sum)?;
-    eprint!("{sum}");
+        step("checksum");
+        let sum = output(Command::new("sha256sum").arg(&name).current_dir(&dist))?;
+        fs::write(dist.join(format!("{name}.sha256")), &sum)?;
+        eprint!("{sum}");
 
-    step(".deb");
-    let deb = deb(&root, &dist, &binary, &version)?;
-    step("container image (buildah, deploy/Dockerfile)");
-    let image = image::build_and_check(&dist, &binary, &version)?;
-    eprintln!(
-        "\ndist: {}, {} and {}",
-        binary.display(),
-        deb.display(),
-        image.display()
-    );
+        step(&format!(".deb ({})", arch.name()));
+        made.push(deb(arch, &root, &dist, &binary, &version)?);
+        if arch == Arch::Amd64 {
+            step("container image (buildah, deploy/Dockerfile)");
+            made.push(image::build_and_check(&dist, &binary, &version)?);
+        }
+        made.push(binary);
+    }
+    let made: Vec<String> = made.iter().map(|p| p.display().to_string()).collect();
+    eprintln!("\ndist: {}", made.join(", "));
     Ok(())
 }
 
-/// `gostw --version`'s version.
-fn version_of(binary: &Path) -> anyhow::Result<String> {
-    let out = output(Command::new(binary).arg("--version"))?;
+/// `gostw --version`'s version, of a binary built for `arch`.
+fn version_of(arch: Arch, binary: &Path) -> anyhow::Result<String> {
+    let out = output(arch.command(binary).arg("--version"))?;
     out.split_whitespace()
         .nth(1)
         .map(str::to_owned)
@@ -114,8 +124,20 @@ fn version_of(binary: &Path) -> anyhow::Result<String> {
 }
 
 /// Run the binary in a root that holds nothing else (no C library, no
-/// loader): the proof that it needs none.
-fn runs_alone(binary: &Path, empty: &Path) -> anyhow::Result<()> {
+/// loader): the proof that it needs none. One of another architecture
+/// cannot run in a root without its emulator: it is checked to ask for no
+/// program interpreter and run under qemu-aarch64.
+fn runs_alone(arch: Arch, binary: &Path, empty: &Path) -> anyhow::Result<()> {
+    if arch != Arch::Amd64 {
+        ensure!(
+            interpreter(&fs::read(binary)?)?.is_none(),
+            "{} asks for a program interpreter: not static",
+            binary.display()
+        );
+        let out = output(arch.command(binary).arg("--version"))?;
+        eprintln!("static, and under qemu-aarch64: {}", out.trim());
+        return Ok(());
+    }
     let _ = fs::remove_dir_all(empty);
     fs::create_dir_all(empty)?;
     fs::copy(binary, empty.join("gostw"))?;
@@ -133,10 +155,16 @@ fn runs_alone(binary: &Path, empty: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `gostw_VERSION_amd64.deb`: the binary in /usr/bin, the agent's unit
+/// `gostw_VERSION_ARCH.deb`: the binary in /usr/bin, the agent's unit
 /// (not enabled: it opens a port) in /lib/systemd/system.
-fn deb(root: &Path, dist: &Path, binary: &Path, version: &str) -> anyhow::Result<PathBuf> {
-    let tree = dist.join(format!("gostw_{version}_amd64"));
+fn deb(
+    arch: Arch,
+    root: &Path,
+    dist: &Path,
+    binary: &Path,
+    version: &str,
+) -> anyhow::Result<PathBuf> {
+    let tree = dist.join(format!("gostw_{version}_{}", arch.name()));
     let _ = fs::remove_dir_all(&tree);
     for dir in ["DEBIAN", "usr/bin", "lib/systemd/system"] {
         fs::create_dir_all(tree.join(dir))?;
@@ -152,8 +180,11 @@ fn deb(root: &Path, dist: &Path, binary: &Path, version: &str) -> anyhow::Result
         unit.replace("/usr/local/bin/gostw", "/usr/bin/gostw"),
     )?;
     let size_kib = fs::metadata(binary)?.len().div_ceil(1024);
-    fs::write(tree.join("DEBIAN/control"), control(version, size_kib))?;
-    let deb = dist.join(format!("gostw_{version}_amd64.deb"));
+    fs::write(
+        tree.join("DEBIAN/control"),
+        control(arch, version, size_kib),
+    )?;
+    let deb = dist.join(format!("gostw_{version}_{}.deb", arch.name()));
     exec(
         Command::new("dpkg-deb")
             .args(["--root-owner-group", "--build"])
@@ -170,6 +201,8 @@ fn deb(root: &Path, dist: &Path, binary: &Path, version: &str) -> anyhow::Result
     fs::create_dir_all(admin.join("info"))?;
     fs::create_dir_all(admin.join("updates"))?;
     fs::write(admin.join("status"), "")?;
+    // The package database's architectures: ours, and the package's.
+    fs::write(admin.join("arch"), format!("amd64\n{}\n", arch.name()))?;
     if setup::is_root() {
         exec(
             Command::new("dpkg")
@@ -178,11 +211,15 @@ fn deb(root: &Path, dist: &Path, binary: &Path, version: &str) -> anyhow::Result
                 .arg("--install")
                 .arg(&deb),
         )?;
-        let out = output(
-            Command::new("chroot")
-                .arg(&root)
-                .args(["/usr/bin/gostw", "--version"]),
-        )?;
+        let out = if arch == Arch::Amd64 {
+            output(
+                Command::new("chroot")
+                    .arg(&root)
+                    .args(["/usr/bin/gostw", "--version"]),
+            )?
+        } else {
+            output(arch.command(&root.join("usr/bin/gostw")).arg("--version"))?
+        };
         ensure!(
             out.split_whitespace().nth(1) == Some(version),
             "the installed gostw says {out:?}, not {version}"
@@ -191,7 +228,7 @@ fn deb(root: &Path, dist: &Path, binary: &Path, version: &str) -> anyhow::Result
     } else {
         eprintln!("dist: not root, so the package is unpacked, not installed");
         exec(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
-        let v = version_of(&root.join("usr/bin/gostw"))?;
+        let v = version_of(arch, &root.join("usr/bin/gostw"))?;
         ensure!(v == version, "the package's gostw says {v}, not {version}");
     }
     ensure!(
@@ -203,11 +240,12 @@ fn deb(root: &Path, dist: &Path, binary: &Path, version: &str) -> anyhow::Result
 }
 
 /// The package's control file.
-fn control(version: &str, size_kib: u64) -> String {
+fn control(arch: Arch, version: &str, size_kib: u64) -> String {
+    let arch = arch.name();
     format!(
         "Package: gostw\n\
          Version: {version}\n\
-         Architecture: amd64\n\
+         Architecture: {arch}\n\
          Maintainer: gostw developers <gostw@localhost>\n\
          Installed-Size: {size_kib}\n\
          Section: utils\n\
@@ -223,7 +261,7 @@ fn control(version: &str, size_kib: u64) -> String {
 
 /// The program interpreter an ELF64 little-endian executable asks for
 /// (`PT_INTERP`), or none: a static binary has none.
-fn interpreter(elf: &[u8]) -> anyhow::Result<Option<String>> {
+pub fn interpreter(elf: &[u8]) -> anyhow::Result<Option<String>> {
     const PT_INTERP: u32 = 3;
     let u16_at = |at: usize| {
         elf.get(at..at + 2)
