@@ -11,13 +11,18 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::cmd::{cache_dir, exec, output, step};
+use crate::{
+    arch::Arch,
+    cmd::{cache_dir, exec, output, step},
+};
 
 /// A kernel the VM suite can boot, named for `--kernel`.
 #[derive(Clone, Copy, Debug)]
 pub struct KernelSpec {
     /// What `--kernel` takes, e.g. "debian-6.1".
     pub name: &'static str,
+    /// The architecture it runs (`--arch`).
+    pub arch: Arch,
     /// The package tested so far (the kernel image; with the modules too
     /// unless `split`); used while the archive still serves it.
     pub package: &'static str,
@@ -33,14 +38,18 @@ pub struct KernelSpec {
 
 /// Debian's cloud flavour: small, KVM/virtio drivers as modules, kprobes, BTF.
 const PACKAGE_SUFFIX: &str = "-cloud-amd64-unsigned";
+const ARM64_SUFFIX: &str = "-cloud-arm64-unsigned";
 
 /// The kernels of the matrix: Debian 11's 5.10 LTS (the oldest gostw
 /// supports; its own suite, see `cargo xtask setup`), Debian 12's 6.1 LTS
 /// (the distro default) and the 6.12 LTS it ships as an update, and the
-/// newest kernel Debian builds for amd64 (Debian 13's backports).
+/// newest kernel Debian builds for amd64 (Debian 13's backports); for arm64,
+/// Debian 12's 6.1 and the newest build (Debian's arm64 packages, taken from
+/// its archive once `dpkg --add-architecture arm64` is set).
 pub const KERNELS: &[KernelSpec] = &[
     KernelSpec {
         name: "debian-5.10",
+        arch: Arch::Amd64,
         package: "linux-image-5.10.0-32-cloud-amd64-unsigned",
         series_prefix: "linux-image-5.10.0-",
         suffix: PACKAGE_SUFFIX,
@@ -48,6 +57,7 @@ pub const KERNELS: &[KernelSpec] = &[
     },
     KernelSpec {
         name: "debian-6.1",
+        arch: Arch::Amd64,
         package: "linux-image-6.1.0-50-cloud-amd64-unsigned",
         series_prefix: "linux-image-6.1.0-",
         suffix: PACKAGE_SUFFIX,
@@ -55,6 +65,7 @@ pub const KERNELS: &[KernelSpec] = &[
     },
     KernelSpec {
         name: "debian-6.12",
+        arch: Arch::Amd64,
         package: "linux-image-6.12.115+deb12-cloud-amd64-unsigned",
         series_prefix: "linux-image-6.12.",
         suffix: PACKAGE_SUFFIX,
@@ -62,9 +73,26 @@ pub const KERNELS: &[KernelSpec] = &[
     },
     KernelSpec {
         name: "debian-7.3",
+        arch: Arch::Amd64,
         package: "linux-binary-7.3.4+deb13-cloud-amd64",
         series_prefix: "linux-binary-7.",
         suffix: "-cloud-amd64",
+        split: true,
+    },
+    KernelSpec {
+        name: "debian-6.1",
+        arch: Arch::Arm64,
+        package: "linux-image-6.1.0-57-cloud-arm64-unsigned",
+        series_prefix: "linux-image-6.1.0-",
+        suffix: ARM64_SUFFIX,
+        split: false,
+    },
+    KernelSpec {
+        name: "debian-7.3",
+        arch: Arch::Arm64,
+        package: "linux-binary-7.3.4+deb13-cloud-arm64",
+        series_prefix: "linux-binary-7.",
+        suffix: "-cloud-arm64",
         split: true,
     },
 ];
@@ -74,16 +102,35 @@ fn modules_package(binary: &str) -> String {
     binary.replacen("linux-binary-", "linux-modules-", 1)
 }
 
-/// The kernel `name` names, or an error listing the known names.
-pub fn spec(name: &str) -> anyhow::Result<KernelSpec> {
+/// The kernel `name` names for `arch`, or an error listing the known names.
+pub fn spec(name: &str, arch: Arch) -> anyhow::Result<KernelSpec> {
     KERNELS
         .iter()
         .copied()
-        .find(|k| k.name == name)
+        .find(|k| k.name == name && k.arch == arch)
         .with_context(|| {
-            let names: Vec<_> = KERNELS.iter().map(|k| k.name).collect();
-            format!("unknown kernel {name:?}; known: {}", names.join(", "))
+            let names: Vec<_> = KERNELS
+                .iter()
+                .filter(|k| k.arch == arch)
+                .map(|k| k.name)
+                .collect();
+            format!(
+                "unknown kernel {name:?} for {}; known: {}",
+                arch.name(),
+                names.join(", ")
+            )
         })
+}
+
+impl KernelSpec {
+    /// `package` as apt names it here: qualified with the architecture
+    /// where it is not the host's.
+    fn apt_name(&self, package: &str) -> String {
+        match self.arch {
+            Arch::Amd64 => package.to_owned(),
+            arch => format!("{package}:{}", arch.name()),
+        }
+    }
 }
 
 /// An unpacked kernel package.
@@ -118,9 +165,9 @@ pub fn fetch(spec: KernelSpec) -> anyhow::Result<Kernel> {
     let download = root.join(format!("download-{}", std::process::id()));
     let _ = fs::remove_dir_all(&download);
     fs::create_dir_all(&download)?;
-    let mut packages = vec![package.clone()];
+    let mut packages = vec![spec.apt_name(&package)];
     if spec.split {
-        packages.push(modules_package(&package));
+        packages.push(spec.apt_name(&modules_package(&package)));
     }
     exec(
         Command::new("apt-get")
@@ -217,14 +264,14 @@ fn release_of(dir: &Path) -> anyhow::Result<String> {
 /// `spec.package` if the archive serves it, else the newest package of the
 /// same series that it does serve.
 fn available_package(spec: KernelSpec) -> anyhow::Result<String> {
-    if candidate(spec.package)?.is_none() {
+    if candidate(&spec.apt_name(spec.package))?.is_none() {
         // The suite may not be configured yet, or the package lists are
         // missing or stale (a fresh machine).
         if !crate::setup::kernel_suites()? {
             exec(Command::new("apt-get").args(["update", "-q"]))?;
         }
     }
-    if candidate(spec.package)?.is_some() {
+    if candidate(&spec.apt_name(spec.package))?.is_some() {
         return Ok(spec.package.to_owned());
     }
     let names = output(Command::new("apt-cache").args(["pkgnames", spec.series_prefix]))?;
@@ -233,7 +280,7 @@ fn available_package(spec: KernelSpec) -> anyhow::Result<String> {
         .lines()
         .filter(|n| n.ends_with(spec.suffix) && !n.contains("-dbg"))
     {
-        let Some(version) = candidate(name)? else {
+        let Some(version) = candidate(&spec.apt_name(name))? else {
             continue;
         };
         let newer = match &best {

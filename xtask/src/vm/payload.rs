@@ -24,7 +24,8 @@ use anyhow::{Context as _, bail};
 
 use super::kernel::Kernel;
 use crate::{
-    cmd::{exec, output, step, workspace_root},
+    arch::Arch,
+    cmd::{cache_dir, exec, output, step, workspace_root},
     go,
 };
 
@@ -51,8 +52,9 @@ const GUEST_CHECKOUT: &str = "/gostw/checkout";
 /// Binaries built outside the checkout (`CARGO_TARGET_DIR` elsewhere).
 const GUEST_BIN: &str = "/gostw/bin";
 
-/// Host-built binaries the guest runs.
+/// Host-built binaries the guest runs, all of one architecture.
 pub struct Binaries {
+    pub arch: Arch,
     /// The kernel test binary (`--test kernel`).
     pub tests: PathBuf,
     /// The `gostw` binary (`CARGO_BIN_EXE_gostw` of the tests): the path
@@ -64,16 +66,24 @@ pub struct Binaries {
     pub release: PathBuf,
 }
 
-/// Build the kernel test binary without running it; find it and `gostw` in
-/// cargo's JSON messages.
-pub fn build_binaries() -> anyhow::Result<Binaries> {
-    step("build the kernel test binary (for the guest)");
-    let json = output(
-        Command::new("cargo")
-            .current_dir(workspace_root())
-            .args(["test", "--package", "tracer", "--features", "kernel-tests"])
-            .args(["--test", "kernel", "--no-run", "--message-format=json"]),
-    )?;
+/// Build the kernel test binary for `arch` without running it; find it and
+/// `gostw` in cargo's JSON messages. For amd64 they are the host's own
+/// builds (the host's kernel test step runs the same binary); for arm64
+/// they are cross-built and static, like the release binary.
+pub fn build_binaries(arch: Arch) -> anyhow::Result<Binaries> {
+    step(&format!(
+        "build the kernel test binary (for the {} guest)",
+        arch.name()
+    ));
+    let mut cargo = Command::new("cargo");
+    cargo
+        .current_dir(workspace_root())
+        .args(["test", "--package", "tracer", "--features", "kernel-tests"])
+        .args(["--test", "kernel", "--no-run", "--message-format=json"]);
+    if arch != Arch::Amd64 {
+        arch.cargo_static(&mut cargo);
+    }
+    let json = output(&mut cargo)?;
     let mut tests = None;
     let mut gostw = None;
     for line in json.lines() {
@@ -94,18 +104,96 @@ pub fn build_binaries() -> anyhow::Result<Binaries> {
         }
     }
     Ok(Binaries {
+        arch,
         tests: tests.context("cargo built no `kernel` test executable")?,
         gostw: gostw.context("cargo built no `gostw` executable")?,
-        release: crate::dist::build_static()?,
+        release: crate::dist::build_static(arch)?,
     })
 }
 
-/// Build every workload of scripts/workloads with `toolchain` into
-/// `out/<version>/`, in each variant of [`WORKLOAD_VARIANTS`].
-pub fn build_workloads(toolchain: go::Toolchain, out: &Path) -> anyhow::Result<()> {
+/// A static busybox for `arch`: the host's for amd64; Debian's
+/// busybox-static for arm64, downloaded once into the cache.
+fn busybox(arch: Arch) -> anyhow::Result<PathBuf> {
+    if arch == Arch::Amd64 {
+        let host = PathBuf::from("/bin/busybox");
+        if !host.is_file() {
+            bail!("/bin/busybox is missing: apt-get install busybox-static");
+        }
+        return Ok(host);
+    }
+    let dir = cache_dir().join(format!("vm/busybox-{}", arch.name()));
+    let bin = dir.join("bin/busybox");
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    let download = cache_dir().join(format!("vm/busybox-download-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&download);
+    fs::create_dir_all(&download)?;
+    exec(
+        Command::new("apt-get")
+            .args(["download", "-q"])
+            .arg(format!("busybox-static:{}", arch.name()))
+            .current_dir(&download),
+    )
+    .context("downloading Debian's busybox-static for the guest (`cargo xtask setup` adds the architecture)")?;
+    let deb = fs::read_dir(&download)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .context("apt-get download left no .deb")?;
+    let tmp = cache_dir().join(format!(
+        "vm/busybox-{}.partial-{}",
+        arch.name(),
+        std::process::id()
+    ));
+    exec(Command::new("dpkg").arg("-x").arg(&deb).arg(&tmp))?;
+    let _ = fs::remove_dir_all(&download);
+    let _ = fs::remove_dir_all(&dir);
+    fs::rename(&tmp, &dir)?;
+    if crate::dist::interpreter(&fs::read(&bin)?)?.is_some() {
+        bail!("{} is not static", bin.display());
+    }
+    Ok(bin)
+}
+
+/// A guest binary of another architecture than the host's is static, or a
+/// Go PIE, which asks for the dynamic loader but for no library (Go's own
+/// linker): the host's `ldd` cannot read either, so the loaders they name are
+/// taken from Debian's cross C library (libc6-dev-arm64-cross), under the
+/// names they ask for. A binary that needed a library would fail in the
+/// guest, naming it.
+fn cross_loaders(arch: Arch, elves: &[PathBuf]) -> anyhow::Result<BTreeSet<(PathBuf, PathBuf)>> {
+    let mut loaders = BTreeSet::new();
+    for elf in elves {
+        let interp = crate::dist::interpreter(&fs::read(elf)?)
+            .with_context(|| format!("reading {}", elf.display()))?;
+        let Some(interp) = interp else { continue };
+        let name = Path::new(&interp)
+            .file_name()
+            .with_context(|| format!("{}: interpreter {interp:?}", elf.display()))?;
+        let cross = Path::new("/usr")
+            .join(format!("{}-linux-gnu/lib", arch.uname()))
+            .join(name);
+        if !cross.is_file() {
+            bail!(
+                "{} asks for {interp}, and {} is missing: apt-get install libc6-dev-{}-cross",
+                elf.display(),
+                cross.display(),
+                arch.name()
+            );
+        }
+        loaders.insert((PathBuf::from(interp), cross));
+    }
+    Ok(loaders)
+}
+
+/// Build every workload of scripts/workloads with `toolchain` for `arch`
+/// into `out/<version>/`, in each variant of [`WORKLOAD_VARIANTS`].
+pub fn build_workloads(toolchain: go::Toolchain, arch: Arch, out: &Path) -> anyhow::Result<()> {
     step(&format!(
-        "pre-build the Go workloads with Go {}",
-        toolchain.version
+        "pre-build the Go workloads with Go {} for {}",
+        toolchain.version,
+        arch.name()
     ));
     let dir = out.join(toolchain.version);
     fs::create_dir_all(&dir)?;
@@ -118,10 +206,15 @@ pub fn build_workloads(toolchain: go::Toolchain, out: &Path) -> anyhow::Result<(
     names.sort();
     for name in &names {
         for (variant, args) in WORKLOAD_VARIANTS {
-            exec(&mut toolchain.build(name, args, &dir.join(format!("{name}{variant}"))))
-                .with_context(|| {
-                    format!("building workload {name} with Go {}", toolchain.version)
-                })?;
+            let mut build = toolchain.build(name, args, &dir.join(format!("{name}{variant}")));
+            build.env("GOARCH", arch.name());
+            if arch != Arch::Amd64 {
+                // Cross-built: Go's own linker, static (`ensure_static`).
+                build.env("CGO_ENABLED", "0");
+            }
+            exec(&mut build).with_context(|| {
+                format!("building workload {name} with Go {}", toolchain.version)
+            })?;
         }
     }
     Ok(())
@@ -153,11 +246,9 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
     fs::create_dir_all(stage.join("bin"))?;
     fs::create_dir_all(stage.join("lib/modules"))?;
 
-    let busybox = Path::new("/bin/busybox");
-    if !busybox.is_file() {
-        bail!("/bin/busybox is missing: apt-get install busybox-static");
-    }
-    fs::copy(busybox, stage.join("bin/busybox"))?;
+    let arch = p.binaries.arch;
+    let busybox = busybox(arch)?;
+    fs::copy(&busybox, stage.join("bin/busybox"))?;
 
     let modules = p.kernel.modules_in_load_order(SWAP_MODULES)?;
     let mut module_files = Vec::new();
@@ -196,7 +287,7 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
     // path a test may name gets a link to its guest copy.
     let root = workspace_root();
     let mut links = vec![(root.clone(), PathBuf::from(GUEST_CHECKOUT))];
-    let mut elves = vec![busybox.to_owned()];
+    let mut elves = vec![busybox.clone()];
     let mut guest_tests = None;
     for (bin, source) in [
         (&p.binaries.tests, &p.binaries.tests),
@@ -209,7 +300,7 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
         let dest = in_stage(stage, &guest);
         fs::create_dir_all(dest.parent().unwrap())?;
         exec(
-            Command::new("strip")
+            Command::new(format!("{}strip", arch.binutils_prefix()))
                 .arg("--strip-debug")
                 .arg(source)
                 .arg("-o")
@@ -229,10 +320,19 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
     copy_tree(&root.join("scripts"), &checkout.join("scripts"))?;
     fs::create_dir_all(checkout.join("tracer"))?;
 
-    for lib in shared_libraries(&elves)? {
-        let dest = in_stage(stage, &lib);
+    // (guest path, host file) of each library and loader.
+    let libs = if arch == Arch::Amd64 {
+        shared_libraries(&elves)?
+            .into_iter()
+            .map(|l| (l.clone(), l))
+            .collect()
+    } else {
+        cross_loaders(arch, &elves)?
+    };
+    for (guest, host) in libs {
+        let dest = in_stage(stage, &guest);
         fs::create_dir_all(dest.parent().unwrap())?;
-        fs::copy(&lib, &dest).with_context(|| format!("copying {}", lib.display()))?;
+        fs::copy(&host, &dest).with_context(|| format!("copying {}", host.display()))?;
     }
 
     let env = [

@@ -14,8 +14,11 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+use crate::arch::Arch;
+
 /// What to boot.
 pub struct Boot<'a> {
+    pub arch: Arch,
     pub vmlinuz: &'a Path,
     pub initrd: &'a Path,
     /// A raw image attached as a virtio disk (the guest's swap).
@@ -107,16 +110,51 @@ fn kernel_death(line: &str) -> Option<&str> {
         .find_map(|m| line.find(m).map(|at| line[at..].trim()))
 }
 
-/// The QEMU system emulator for x86-64 guests.
-const QEMU: &str = "qemu-system-x86_64";
+/// How a guest of one architecture is started.
+struct Emulator {
+    /// The QEMU system emulator, and the Debian package it is in.
+    binary: &'static str,
+    package: &'static str,
+    /// The board, where the emulator has no default one.
+    machine: &'static [&'static str],
+    /// The kernel's command line.
+    append: &'static str,
+}
+
+/// The emulator for `arch`. amd64: the TSC as clocksource: the
+/// kernel would pick the emulated HPET, where every clock read of the
+/// guest's Go programs is a slow system call (their nanotime skips the
+/// vDSO), which no production machine does and which made the runtime's
+/// own scheduler hold stops for milliseconds under emulation. arm64: QEMU's
+/// `virt` board; the architected timer, which the vDSO reads, is the
+/// clocksource anyway.
+fn emulator(arch: Arch) -> Emulator {
+    match arch {
+        Arch::Amd64 => Emulator {
+            binary: "qemu-system-x86_64",
+            package: "qemu-system-x86",
+            machine: &[],
+            append: "console=ttyS0 panic=-1 quiet clocksource=tsc tsc=reliable",
+        },
+        Arch::Arm64 => Emulator {
+            binary: "qemu-system-aarch64",
+            package: "qemu-system-arm",
+            machine: &["-M", "virt"],
+            append: "console=ttyAMA0 panic=-1 quiet",
+        },
+    }
+}
 
 /// Boot, stream the console, and return what the guest reported once it has
 /// printed its exit code. Fails on a missing QEMU, a time-out, or a guest
 /// that stops without an exit code.
 pub fn run(boot: &Boot) -> anyhow::Result<Report> {
-    let mut cmd = Command::new(QEMU);
+    let emu = emulator(boot.arch);
+    let qemu = emu.binary;
+    let mut cmd = Command::new(qemu);
     // TCG: a KVM guest hangs at boot on these machines (PLATFORM.md).
-    cmd.args(["-accel", "tcg", "-cpu", "max"])
+    cmd.args(emu.machine)
+        .args(["-accel", "tcg", "-cpu", "max"])
         .args(["-m", &boot.memory_mib.to_string()])
         .args(["-smp", &boot.cpus.to_string()])
         .arg("-kernel")
@@ -128,15 +166,7 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
             "file={},format=raw,if=virtio,cache=unsafe",
             boot.swap_disk.display()
         ))
-        // The TSC as clocksource: the kernel would pick the emulated HPET,
-        // where every clock read of the guest's Go programs is a slow system
-        // call (their nanotime skips the vDSO), which no production machine
-        // does and which made the runtime's own scheduler hold stops for
-        // milliseconds under emulation.
-        .args([
-            "-append",
-            "console=ttyS0 panic=-1 quiet clocksource=tsc tsc=reliable",
-        ])
+        .args(["-append", emu.append])
         .args(["-nographic", "-no-reboot", "-nic", "none"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -145,9 +175,9 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
     let started = Instant::now();
     let mut child = cmd.spawn().map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            anyhow::anyhow!("{QEMU} is not installed: apt-get install qemu-system-x86")
+            anyhow::anyhow!("{qemu} is not installed: apt-get install {}", emu.package)
         } else {
-            anyhow::Error::new(e).context(format!("starting {QEMU}"))
+            anyhow::Error::new(e).context(format!("starting {qemu}"))
         }
     })?;
     let mut log = File::create(boot.log)
