@@ -31,7 +31,8 @@ use tracer_common::{
 
 use crate::{
     fault::state_mut,
-    maps::{MAX_TRACED, PAUSE_EVENTS, count},
+    maps::{MAX_TRACED, PAUSE_EVENTS, count, traced},
+    regs,
     stack::{field, read},
 };
 
@@ -90,15 +91,26 @@ pub fn now() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
+/// The stopping thread's registers at the stop's entry that the
+/// explanation keeps (values, not the context: a subprogram may not take
+/// the probe's context pointer).
+pub struct StopEntry {
+    /// The frame pointer (the caller's frame), the probe's address, g.
+    pub bp: u64,
+    pub ip: u64,
+    pub g: u64,
+}
+
 /// The window of process `tgid` opened at `stop_ts_ns` on thread `tid`,
 /// at code address `ip` (the probe), with the frame pointer `bp`:
 /// reset its detail and record the caller. Its own map value only: each
 /// lookup of a map this probe touches once a pause costs 0.5-1 us cold.
 #[inline(always)]
-pub fn opened(tgid: u32, tid: u32, stop_ts_ns: u64, bp: u64, ip: u64) {
+pub fn opened(tgid: u32, tid: u32, stop_ts_ns: u64, at: &StopEntry) {
     let Some(d) = PAUSE_DETAILS.get_ptr_mut(tgid) else {
         return;
     };
+    let ip = at.ip;
     // SAFETY: this process's value; its pauses never overlap (`worldsema`)
     // and only user space deletes the entry.
     let d = unsafe { &mut *d };
@@ -117,7 +129,16 @@ pub fn opened(tgid: u32, tid: u32, stop_ts_ns: u64, bp: u64, ip: u64) {
     d.nwaits = 0;
     d.waits_dropped = 0;
     d.waits_dropped_ns = 0;
-    d.caller_len = walk_caller(bp, &mut d.caller);
+    // Where `systemstack` does not keep the goroutine's frame pointer, its
+    // chain goes on from the one the goroutine saved.
+    let then = if regs::SYSTEMSTACK_KEEPS_FP {
+        0
+    } else {
+        traced(tgid)
+            .and_then(|p| goroutine_bp(at.g, &p.offsets))
+            .unwrap_or(0)
+    };
+    d.caller_len = walk_caller(at.bp, then, &mut d.caller);
     d.allm = if d.allm_link != 0 && d.stop_the_world_link != 0 {
         // The probe sits a few bytes into the function (its prologue's
         // branch); PIE load biases are page-aligned.
@@ -142,11 +163,16 @@ pub fn opened(tgid: u32, tid: u32, stop_ts_ns: u64, bp: u64, ip: u64) {
 /// once, which may go down. Reading the goroutine's saved state instead
 /// (`g0.m.curg.sched`, its stack bounds) touched three more pages of the
 /// process and cost this probe about 0.35 us more a stop here.
+/// Where the chain ends (a zero frame pointer), it goes on from `then`
+/// once, if not zero: the goroutine's saved frame pointer on arm64.
 #[inline(always)]
-fn walk_caller(mut bp: u64, out: &mut [u64; CALLER_FRAMES]) -> u32 {
+fn walk_caller(mut bp: u64, mut then: u64, out: &mut [u64; CALLER_FRAMES]) -> u32 {
     let mut filled = 0;
     let mut switched = false;
     for slot in out.iter_mut() {
+        if bp == 0 {
+            (bp, then) = (then, 0);
+        }
         if bp == 0 || !bp.is_multiple_of(8) {
             break;
         }
@@ -168,6 +194,17 @@ fn walk_caller(mut bp: u64, out: &mut [u64; CALLER_FRAMES]) -> u32 {
         bp = pair[0];
     }
     filled
+}
+
+/// The frame pointer the goroutine that asked for the stop had when it
+/// switched to g0 (`g0.m.curg.sched.bp`), where `systemstack` does not keep
+/// it (`regs::SYSTEMSTACK_KEEPS_FP`); none when the stop was not asked for
+/// through a switch (it is zero then).
+#[inline(always)]
+fn goroutine_bp(g0: u64, o: &GoOffsets) -> Option<u64> {
+    let m = field(g0, o.g_m)?;
+    let curg = field(m, o.m_curg)?;
+    field(curg, o.g_sched_bp).filter(|&bp| bp != 0)
 }
 
 /// Follow the frame-pointer chain from `bp` inside the stack `[lo, hi)`,

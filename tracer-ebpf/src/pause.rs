@@ -82,7 +82,12 @@ pub fn stw_stop(ctx: ProbeContext) -> u32 {
         }
     }
     if w.setup & PauseWindow::SETUP_EXPLAINED != 0 {
-        explain::opened(tgid, w.stop_tid, stop_ts_ns, regs::fp(r), regs::pc(r));
+        let at = explain::StopEntry {
+            bp: regs::fp(r),
+            ip: regs::pc(r),
+            g: regs::g(r),
+        };
+        explain::opened(tgid, w.stop_tid, stop_ts_ns, &at);
     }
     0
 }

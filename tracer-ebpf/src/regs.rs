@@ -146,6 +146,13 @@ mod arch {
 
 pub use arch::*;
 
+/// Whether Go's `runtime.systemstack` keeps the goroutine's frame pointer
+/// when it switches to g0 (amd64: BP is left as it was), so that a frame
+/// chain walked on g0 runs on into the goroutine's frames. On arm64 it
+/// loads g0's own saved FP (zero) instead: the goroutine's chain starts at
+/// `curg.sched.bp`, which `systemstack` saved on the way (asm_arm64.s).
+pub const SYSTEMSTACK_KEEPS_FP: bool = cfg!(bpf_target_arch = "x86_64");
+
 /// A probe's register set (`ProbeContext::regs`) as `Regs`.
 #[inline(always)]
 pub fn of_probe(ctx: &aya_ebpf::programs::ProbeContext) -> &Regs {
