@@ -435,18 +435,12 @@ impl GoBinary {
     /// `probe_point::frame_drop`).
     pub fn frame_drop(&self, name: &str) -> Result<Option<u64>, BinaryError> {
         let f = self.function(name)?;
-        let drop = self.frame_drop_at(f.address, f.size);
+        let len = usize::try_from(f.size.min(64)).unwrap_or(0);
+        let drop = self
+            .bytes_at(f.address, len)
+            .and_then(|code| probe_point::frame_drop(self.arch, f.address, code));
         self.image.release_all();
         Ok(drop)
-    }
-
-    /// How far the prologue of the function at link-time `entry`, `size`
-    /// bytes long, moves the stack pointer down: the most stack its own
-    /// frame takes (Go's `funcMaxSPDelta`, what `newstack` makes room for).
-    pub fn frame_drop_at(&self, entry: u64, size: u64) -> Option<u64> {
-        let len = usize::try_from(size.min(64)).ok()?;
-        let code = self.bytes_at(entry, len)?;
-        probe_point::frame_drop(self.arch, entry, code)
     }
 
     /// `len` bytes of the file's contents at link-time address `vaddr`.

@@ -7,7 +7,9 @@
 //!   lines and inlining; code bytes for frame sizes; `runtime.allglen`).
 //! - `ProcessImage`: an executable as mapped by one process (its load bias).
 //! - `maps`: the one `/proc/PID/maps` parser.
+//! - `frames`: a function's own frame size, from its prologue.
 
+pub mod frames;
 pub mod maps;
 
 use std::{
@@ -131,14 +133,16 @@ impl ExecutableImage {
     }
 
     /// The most stack the function holding `pc` takes for its own frame, from
-    /// its prologue (Go's `funcMaxSPDelta`), on either architecture.
+    /// its prologue (Go's `funcMaxSPDelta`).
     pub fn max_frame(&self, pc: u64) -> Option<u64> {
         let i = self.functions.partition_point(|(entry, _)| *entry <= pc);
         let (entry, end) = *self.functions.get(i.checked_sub(1)?)?;
         if pc >= end {
             return None;
         }
-        self.binary.frame_drop_at(entry, end - entry)
+        let len = usize::try_from(end - entry).ok()?;
+        let code = self.binary.bytes_at(entry, len)?;
+        frames::prologue_max_sp_delta(code, entry)
     }
 }
 

@@ -6,7 +6,7 @@
 //!   `render`: its text for people.
 //! - `recommend`: the starting-stack recommendation.
 //! - `symbolize`: what aggregation needs of code (the process image's frames
-//!   and frame sizes, from `GoBinary::frame_drop_at`).
+//!   and frame sizes, from `image::frames`).
 //! - `goroutines`: the peak goroutine count of a live process, read only
 //!   where `resident` (its pagemap) says the pages are in memory.
 
