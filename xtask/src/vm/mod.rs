@@ -71,7 +71,8 @@ pub const VM_TESTS: &[&str] = &[
 /// backend's page-out scenario. Not yet: the laggard test (under arm64
 /// emulation a pause of Go 1.27.3 was held by an M that it does not accept
 /// yet) and the sampled stack growth test (arm64 frame sizes of the sites
-/// are not found: no starting-stack recommendation).
+/// are not found, `image/frames.rs` reads amd64 prologues only: no
+/// starting-stack recommendation).
 pub const VM_TESTS_ARM64: &[&str] = &[
     "stw_probe::",
     "pauses::run_reports_every_pause_as_go_counts_it",
