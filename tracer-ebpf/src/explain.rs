@@ -102,7 +102,7 @@ pub struct StopEntry {
 }
 
 /// The window of process `tgid` opened at `stop_ts_ns` on thread `tid`,
-/// at code address `ip` (the probe), with the frame pointer `bp`:
+/// with the registers `at` of the stop's entry:
 /// reset its detail and record the caller. Its own map value only: each
 /// lookup of a map this probe touches once a pause costs 0.5-1 us cold.
 #[inline(always)]
@@ -110,7 +110,6 @@ pub fn opened(tgid: u32, tid: u32, stop_ts_ns: u64, at: &StopEntry) {
     let Some(d) = PAUSE_DETAILS.get_ptr_mut(tgid) else {
         return;
     };
-    let ip = at.ip;
     // SAFETY: this process's value; its pauses never overlap (`worldsema`)
     // and only user space deletes the entry.
     let d = unsafe { &mut *d };
@@ -143,7 +142,7 @@ pub fn opened(tgid: u32, tid: u32, stop_ts_ns: u64, at: &StopEntry) {
         // The probe sits a few bytes into the function (its prologue's
         // branch); PIE load biases are page-aligned.
         d.allm_link
-            .wrapping_add(ip.wrapping_sub(d.stop_the_world_link) & !0xfff)
+            .wrapping_add(at.ip.wrapping_sub(d.stop_the_world_link) & !0xfff)
     } else {
         0
     };
