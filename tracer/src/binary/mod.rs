@@ -33,6 +33,7 @@ mod moduledata;
 pub mod offsets;
 pub mod pclntab;
 mod probe_point;
+pub use probe_point::frame_drop as prologue_frame_drop;
 mod rets;
 pub mod running;
 mod section;

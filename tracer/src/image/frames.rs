@@ -3,16 +3,32 @@
 //! SP, BP; SUBQ $frame, SP`. The SP delta after that is what newstack makes
 //! room for (its `funcMaxSPDelta`, which pclntab's SP-delta table also
 //! gives), so a sample that only sees the old size can still tell the size
-//! the stack grew to.
+//! the stack grew to. arm64 functions save LR at the new SP in the same
+//! instruction that drops it (`MOVD.W R30, -frame(RSP)`, or `SUB` into a
+//! register then `MOVD` to RSP for large frames): the probe points' reader
+//! of that prologue gives the delta there.
 
 use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind, Register};
+
+use crate::binary::{Arch, prologue_frame_drop};
 
 /// Instructions looked at before giving up.
 const PROLOGUE_INSTRUCTIONS: usize = 12;
 
-/// The largest SP delta of the function whose code starts at `code` (linked
-/// at `ip`), from its prologue; None if there is no `SUB RSP, imm` in it.
-pub fn prologue_max_sp_delta(code: &[u8], ip: u64) -> Option<u64> {
+/// The largest SP delta of the `arch` function whose code starts at `code`
+/// (linked at `ip`), from its prologue; None if it sets up no frame.
+pub fn max_sp_delta(arch: Arch, code: &[u8], ip: u64) -> Option<u64> {
+    match arch {
+        Arch::Amd64 => prologue_max_sp_delta(code, ip),
+        Arch::Arm64 => prologue_frame_drop(arch, ip, code),
+    }
+}
+
+/// amd64: the delta after the stack check, pushes and `SUB RSP, imm`; None
+/// if there is no `SUB RSP, imm` in the prologue. Any instruction may come
+/// between them (spills of register arguments do), unlike the probe
+/// points' reader, which accepts only the prologue's own.
+fn prologue_max_sp_delta(code: &[u8], ip: u64) -> Option<u64> {
     let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
     let mut delta = 0u64;
     for insn in decoder.iter().take(PROLOGUE_INSTRUCTIONS) {
@@ -62,5 +78,15 @@ mod tests {
         assert_eq!(prologue_max_sp_delta(&code, 0), Some(0x18 + 8));
         // mov eax,1; ret
         assert_eq!(prologue_max_sp_delta(&[0xb8, 1, 0, 0, 0, 0xc3], 0), None);
+    }
+
+    #[test]
+    fn arm64_frames_come_from_the_lr_save() {
+        let words = |ws: &[u32]| ws.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<_>>();
+        // ldr x16,[x28,#16]; cmp sp,x16; b.ls; str x30,[sp,#-96]!
+        let small = words(&[0xf9400b90, 0xeb3063ff, 0x54000469, 0xf81a0ffe]);
+        assert_eq!(max_sp_delta(Arch::Arm64, &small, 0x1000), Some(96));
+        // The same bytes read as amd64 are no frame at all.
+        assert_eq!(max_sp_delta(Arch::Amd64, &small, 0x1000), None);
     }
 }

@@ -142,7 +142,7 @@ impl ExecutableImage {
         }
         let len = usize::try_from(end - entry).ok()?;
         let code = self.binary.bytes_at(entry, len)?;
-        frames::prologue_max_sp_delta(code, entry)
+        frames::max_sp_delta(self.binary.arch, code, entry)
     }
 }
 

@@ -536,6 +536,9 @@ fn entries_and_rets_match_the_go_toolchain() {
         } else {
             HashMap::new()
         };
+        // Stack growth's frame sizes read the same prologues (its own amd64
+        // reader, the probe points' on arm64).
+        let image = ExecutableImage::new(ExeId::of(&b.path).unwrap(), b.open());
         for &name in RET_CHECKED.iter().filter(|_| b.spec.twin.is_none()) {
             let f = bin.function(name).unwrap();
             let want: Vec<u64> = rets[name]
@@ -571,6 +574,12 @@ fn entries_and_rets_match_the_go_toolchain() {
                 bin.frame_drop(name).unwrap(),
                 Some(want_drop),
                 "{}: {name}'s frame drop",
+                b.label()
+            );
+            assert_eq!(
+                image.max_frame(f.address),
+                Some(want_drop),
+                "{}: {name}'s frame size for stack growth",
                 b.label()
             );
             // The stopping and end probes' calls (Go 1.22+ records its
