@@ -264,6 +264,13 @@ pub mod programs {
     pub const OPTIONAL_TRACEPOINT: &str = "fault_tp_filemap";
     /// Tracepoint backend: the perf software event program (`PAGE_FAULTS_MAJ`).
     pub const MAJOR_FAULT_END: &str = "fault_perf_major";
+    /// The tracepoint programs a fault begins at: x86's
+    /// `exceptions:page_fault_*`. Kernels without them (arm64) begin faults
+    /// at `FAULT_BEGIN_PERF` instead.
+    pub const BEGIN_TRACEPOINTS: &[&str] = &["fault_tp_user", "fault_tp_kernel"];
+    /// Tracepoint backend without `exceptions:*`: the perf software event
+    /// program (`PAGE_FAULTS`) that begins a fault.
+    pub const FAULT_BEGIN_PERF: &str = "fault_perf_begin";
     /// kprobe backend: (program, kernel functions tried in order, is return probe).
     pub const KPROBES: &[(&str, &[&str], bool)] = &[
         ("fault_kp_swap_entry", &["do_swap_page"], false),

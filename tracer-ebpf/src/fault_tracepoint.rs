@@ -1,8 +1,10 @@
 //! Major-fault backend built from tracepoints and a perf software event, for
-//! kernels without kprobes. A fault begins at `exceptions:page_fault_*` and,
-//! if it was major, ends in the perf software event `PAGE_FAULTS_MAJ` (period
-//! 1, one per CPU), which the kernel raises in the faulting thread at the end
-//! of the fault (`mm_account_fault`). Minor faults never end here.
+//! kernels without kprobes. A fault begins at `exceptions:page_fault_*` (x86)
+//! or, where those do not exist (arm64), at the perf software event
+//! `PAGE_FAULTS`, which the fault handler raises before it looks up the
+//! VMA; if it was major, it ends in the perf software event `PAGE_FAULTS_MAJ`
+//! (period 1, one per CPU), which the kernel raises in the faulting thread at
+//! the end of the fault (`mm_account_fault`). Minor faults never end here.
 //!
 //! Cost is set per event: the begin runs on every page fault of a traced
 //! process, minor ones included, so it writes only this CPU's `FaultBegin`
@@ -175,8 +177,9 @@ fn state_of(b: &FaultBegin) -> FaultState {
     }
 }
 
+/// A fault at `address`, of the instruction at `ip`, begins on this thread.
 #[inline(always)]
-fn fault_begins(ctx: &TracePointContext, flags: u32) -> u32 {
+fn fault_begins(address: u64, ip: u64, flags: u32) -> u32 {
     let (tgid, tid) = current_ids();
     let Some(slot) = slot() else {
         return 0;
@@ -195,8 +198,8 @@ fn fault_begins(ctx: &TracePointContext, flags: u32) -> u32 {
     slot.tid = tid;
     slot.flags = flags;
     slot.begin_ns = now();
-    slot.address = field(ctx, PF_ADDRESS);
-    slot.ip = field(ctx, PF_IP);
+    slot.address = address;
+    slot.ip = ip;
     slot.reads_issued = 0;
     crate::explain::fault_begins(tid);
     0
@@ -206,14 +209,34 @@ fn fault_begins(ctx: &TracePointContext, flags: u32) -> u32 {
 /// mode begins on this thread.
 #[tracepoint]
 pub fn fault_tp_user(ctx: TracePointContext) -> u32 {
-    fault_begins(&ctx, 0)
+    fault_begins(field(&ctx, PF_ADDRESS), field(&ctx, PF_IP), 0)
 }
 
 /// `exceptions:page_fault_kernel`: a fault in kernel mode (e.g. a syscall
 /// copying from user memory) begins on this thread.
 #[tracepoint]
 pub fn fault_tp_kernel(ctx: TracePointContext) -> u32 {
-    fault_begins(&ctx, FaultEvent::FLAG_KERNEL_MODE)
+    fault_begins(
+        field(&ctx, PF_ADDRESS),
+        field(&ctx, PF_IP),
+        FaultEvent::FLAG_KERNEL_MODE,
+    )
+}
+
+/// Perf software event `PERF_COUNT_SW_PAGE_FAULTS` (period 1, one per CPU):
+/// a fault begins on this thread, where the kernel has no
+/// `exceptions:page_fault_*` (arm64). The event carries the faulting
+/// registers (user or kernel mode) and address.
+#[perf_event]
+pub fn fault_perf_begin(ctx: PerfEventContext) -> u32 {
+    // SAFETY: the context is a `bpf_perf_event_data`.
+    let data = unsafe { &*ctx.ctx };
+    let flags = if regs::user_mode(&data.regs) {
+        0
+    } else {
+        FaultEvent::FLAG_KERNEL_MODE
+    };
+    fault_begins(data.addr, regs::pc(&data.regs), flags)
 }
 
 /// Perf software event `PERF_COUNT_SW_PAGE_FAULTS_MAJ`: a major fault of the

@@ -76,11 +76,12 @@ fn supported(t: ProgramType) -> (bool, String) {
 
 /// Ask this host.
 pub fn check() -> CheckReport {
-    let caps = capabilities::detect();
     let compat = Compat::detect();
     // SAFETY: no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let tracefs = ensure_tracefs().map(|p| p.to_owned());
+    // After mounting tracefs: its events tell where faults begin.
+    let caps = capabilities::detect();
     let event = |tp: &str| {
         tracefs
             .as_ref()
@@ -133,7 +134,7 @@ pub fn check() -> CheckReport {
     ];
     let fault_backend = caps.report();
     let features = match Object::load() {
-        Ok(mut object) => features(&mut object, &compat, &fault_backend),
+        Ok(mut object) => features(&mut object, &compat, &fault_backend, caps.begin_tracepoints),
         Err(e) => {
             let why = format!("{e:#}");
             [
@@ -184,7 +185,12 @@ pub fn exit_code(features: &[Feature]) -> i32 {
 }
 
 /// Load each feature's programs (the verifier's answer) and judge it.
-fn features(object: &mut Object, compat: &Compat, backend: &BackendChoice) -> Vec<Feature> {
+fn features(
+    object: &mut Object,
+    compat: &Compat,
+    backend: &BackendChoice,
+    begin_tracepoints: bool,
+) -> Vec<Feature> {
     let losses = HostLimits {
         backend: Some(backend),
         layout_error: compat.layout_error(),
@@ -251,7 +257,12 @@ fn features(object: &mut Object, compat: &Compat, backend: &BackendChoice) -> Ve
         degraded_status(&losses, STACK_GROWTH_SAMPLED),
     );
     feature("stack growth (exact)", &[(STACK_COPY, Kind::UProbe)], None);
-    let fault = fault_feature(object, compat, backend, degraded_status(&losses, FAULTS));
+    let fault = fault_feature(
+        object,
+        compat,
+        (backend, begin_tracepoints),
+        degraded_status(&losses, FAULTS),
+    );
     let agent = if out[0].status == Status::Works {
         Status::Works
     } else {
@@ -285,7 +296,7 @@ fn degraded_status(losses: &[Degraded], name: &str) -> Option<Status> {
 fn fault_feature(
     object: &mut Object,
     compat: &Compat,
-    backend: &BackendChoice,
+    (backend, begin_tracepoints): (&BackendChoice, bool),
     degraded: Option<Status>,
 ) -> Feature {
     let mut f = Feature {
@@ -304,10 +315,11 @@ fn fault_feature(
             faults::load_kprobe_programs(object)
         }
         FaultBackend::Tracepoint => {
-            f.programs = fault_programs::TRACEPOINTS
-                .iter()
+            let perf_begin = !begin_tracepoints;
+            let (tracepoints, perf) = faults::tracepoint_programs(perf_begin);
+            f.programs = tracepoints
                 .map(|t| compat.program(t.0).to_owned())
-                .chain([fault_programs::MAJOR_FAULT_END.to_owned()])
+                .chain(perf.into_iter().map(str::to_owned))
                 .collect();
             if let Some(v) = compat.fallback(fault_programs::SWITCH) {
                 f.variants.push(format!(
@@ -317,7 +329,7 @@ fn fault_feature(
                     v.helper.since()
                 ));
             }
-            faults::load_tracepoint_programs(object, false)
+            faults::load_tracepoint_programs(object, false, perf_begin)
         }
     };
     f.status = match loaded {

@@ -101,6 +101,7 @@ pub fn core_options(explain: bool) -> CoreOptions {
         // The breakdown needs the stopping phase.
         stopping: explain,
         explain,
+        ..CoreOptions::default()
     }
 }
 

@@ -98,6 +98,7 @@ impl TraceOptions {
             }),
             stopping: !self.no_stopping,
             explain: !self.no_explain,
+            ..CoreOptions::default()
         }
     }
 

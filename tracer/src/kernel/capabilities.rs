@@ -8,7 +8,9 @@
 //! - `tracepoint`: needs tracefs (mounted, or mountable: gostw mounts it when
 //!   it attaches; detection never mounts) and every tracepoint of the backend
 //!   but `filemap:mm_filemap_fault` (without it, as on Debian's 6.1, file-backed
-//!   faults and swap-ins are not told apart).
+//!   faults and swap-ins are not told apart) and x86's
+//!   `exceptions:page_fault_*` (without them, as on arm64, faults begin at the
+//!   `PAGE_FAULTS` perf software event).
 //!
 //! kprobes are preferred where they work (they see the swap-in itself); the
 //! tracepoints are the stable fallback. All reads go through `SystemView`
@@ -32,6 +34,10 @@ pub enum FaultSource {
     Tracepoint,
 }
 
+/// Said in the tracepoint backend's reason when faults begin at the
+/// `PAGE_FAULTS` perf event.
+pub const PERF_BEGIN_NOTE: &str = " (faults begin at the PAGE_FAULTS perf event)";
+
 /// What the kernel offers the fault backends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Capabilities {
@@ -41,6 +47,11 @@ pub struct Capabilities {
     pub tracepoints: Support,
     /// `filemap:mm_filemap_fault` exists.
     pub filemap_tracepoint: bool,
+    /// The tracepoint backend begins faults at `exceptions:page_fault_*`
+    /// (x86); false where they do not exist (arm64), or when asked to
+    /// (`CoreOptions::perf_fault_begin`): the `PAGE_FAULTS` perf event then.
+    /// Assumed on x86 while tracefs is not mounted; attach checks again.
+    pub begin_tracepoints: bool,
 }
 
 /// Read access to the files the checks look at.
@@ -91,7 +102,27 @@ pub fn detect_with(sys: &dyn SystemView) -> Capabilities {
         tracepoints: tracepoint_support(sys, config.as_deref()),
         filemap_tracepoint: tracefs
             .is_some_and(|d| sys.exists(&format!("{d}/events/filemap/mm_filemap_fault"))),
+        begin_tracepoints: tracefs.map_or(cfg!(target_arch = "x86_64"), |d| {
+            begin_tracepoints_in(sys, d)
+        }),
     }
+}
+
+/// Whether tracefs at `dir` has every tracepoint a fault begins at.
+fn begin_tracepoints_in(sys: &dyn SystemView, dir: &str) -> bool {
+    programs::TRACEPOINTS
+        .iter()
+        .filter(|(prog, _, _)| programs::BEGIN_TRACEPOINTS.contains(prog))
+        .all(|(_, cat, name)| sys.exists(&format!("{dir}/events/{cat}/{name}")))
+}
+
+/// Whether the running machine's mounted tracefs has the tracepoints a
+/// fault begins at (asked again at attach, once tracefs is mounted).
+pub fn begin_tracepoints_mounted() -> bool {
+    TRACEFS_DIRS
+        .iter()
+        .find(|d| LiveSystem.exists(&format!("{d}/events")))
+        .is_some_and(|d| begin_tracepoints_in(&LiveSystem, d))
 }
 
 impl Capabilities {
@@ -125,6 +156,9 @@ impl Capabilities {
                     reason.push_str(
                         " (no filemap:mm_filemap_fault: file-backed and swap-in faults are not told apart)",
                     );
+                }
+                if !self.begin_tracepoints {
+                    reason.push_str(PERF_BEGIN_NOTE);
                 }
                 Ok(choice(FaultBackend::Tracepoint, reason))
             }
@@ -235,7 +269,9 @@ fn kprobe_support(
 fn required_tracepoints() -> impl Iterator<Item = String> {
     programs::TRACEPOINTS
         .iter()
-        .filter(|(prog, _, _)| *prog != programs::OPTIONAL_TRACEPOINT)
+        .filter(|(prog, _, _)| {
+            *prog != programs::OPTIONAL_TRACEPOINT && !programs::BEGIN_TRACEPOINTS.contains(prog)
+        })
         .map(|(_, cat, name)| format!("{cat}/{name}"))
 }
 
@@ -417,7 +453,33 @@ ffffffff81657f60 T swap_read_folio
         );
         let c = detect_with(&sys);
         assert!(!c.tracepoints.available);
-        assert!(c.tracepoints.detail.contains("exceptions:page_fault_user"));
+        assert!(c.tracepoints.detail.contains("sched:sched_switch"));
+        // The fault-begin tracepoints are not required (arm64 has none).
+        assert!(!c.tracepoints.detail.contains("exceptions:"));
+    }
+
+    #[test]
+    fn without_exception_tracepoints_faults_begin_at_the_perf_event() {
+        // arm64: no exceptions:page_fault_*.
+        let sys = programs::TRACEPOINTS
+            .iter()
+            .filter(|(p, _, _)| !programs::BEGIN_TRACEPOINTS.contains(p))
+            .fold(FakeSystem::default(), |sys, (_, cat, name)| {
+                sys.with(&format!("/sys/kernel/tracing/events/{cat}/{name}/id"), "1")
+            });
+        let c = detect_with(&sys);
+        assert!(c.tracepoints.available && !c.begin_tracepoints);
+        let choice = c.report();
+        assert_eq!(choice.backend, FaultBackend::Tracepoint);
+        assert!(
+            choice.reason.contains("PAGE_FAULTS perf event"),
+            "{}",
+            choice.reason
+        );
+        // x86: both exist, the tracepoints begin faults.
+        let x86 = detect_with(&with_tracepoints(FakeSystem::default()));
+        assert!(x86.begin_tracepoints);
+        assert!(!x86.report().reason.contains("PAGE_FAULTS"));
     }
 
     #[test]

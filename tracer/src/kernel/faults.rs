@@ -25,7 +25,7 @@ use tracer_common::{
 
 use super::{
     btf::Btf,
-    capabilities::{BackendChoice, Capabilities, FaultBackend},
+    capabilities::{BackendChoice, Capabilities, FaultBackend, PERF_BEGIN_NOTE},
     object::Object,
     retprobe::{AfterExit, RetProbes},
 };
@@ -94,7 +94,8 @@ pub struct FaultHooks {
     /// every thread in a fault at once (`retprobe`).
     retprobes: Option<RetProbes>,
     tracepoints: Vec<(&'static str, TracePointLinkId)>,
-    perf: Vec<PerfEventLinkId>,
+    /// Perf event programs, one link per CPU each.
+    perf: Vec<(&'static str, PerfEventLinkId)>,
 }
 
 /// Say that a return probe falls back to aya's (the kprobe PMU's) default
@@ -144,12 +145,39 @@ pub fn load_kprobe_programs(object: &mut Object) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The tracepoint backend's programs: its tracepoints' (x86's fault begins
+/// dropped for `perf_begin`), then its perf events' (the begin's first if
+/// `perf_begin`).
+pub fn tracepoint_programs(
+    perf_begin: bool,
+) -> (
+    impl Iterator<Item = &'static (&'static str, &'static str, &'static str)>,
+    Vec<&'static str>,
+) {
+    let tracepoints = programs::TRACEPOINTS
+        .iter()
+        .filter(move |(name, _, _)| !(perf_begin && programs::BEGIN_TRACEPOINTS.contains(name)));
+    let perf = perf_begin
+        .then_some(programs::FAULT_BEGIN_PERF)
+        .into_iter()
+        .chain([programs::MAJOR_FAULT_END])
+        .collect();
+    (tracepoints, perf)
+}
+
 /// Load every tracepoint-backend program, without attaching.
-pub fn load_tracepoint_programs(object: &mut Object, switch_both: bool) -> anyhow::Result<()> {
-    for &(name, _, _) in programs::TRACEPOINTS {
+pub fn load_tracepoint_programs(
+    object: &mut Object,
+    switch_both: bool,
+    perf_begin: bool,
+) -> anyhow::Result<()> {
+    let (tracepoints, perf) = tracepoint_programs(perf_begin);
+    for &(name, _, _) in tracepoints {
         object.program::<TracePoint>(switch_program(name, switch_both))?;
     }
-    object.program::<PerfEvent>(programs::MAJOR_FAULT_END)?;
+    for name in perf {
+        object.program::<PerfEvent>(name)?;
+    }
     Ok(())
 }
 
@@ -182,9 +210,7 @@ impl FaultHooks {
         };
         let attached = match hooks.choice.backend {
             FaultBackend::Kprobe => hooks.attach_kprobes(object, &caps.kprobe_functions),
-            FaultBackend::Tracepoint => {
-                hooks.attach_tracepoints(object, caps.filemap_tracepoint, explain)
-            }
+            FaultBackend::Tracepoint => hooks.attach_tracepoints(object, caps, explain),
             FaultBackend::None => Err(anyhow::anyhow!("{}", hooks.choice.reason)),
         };
         match attached {
@@ -238,10 +264,16 @@ impl FaultHooks {
     fn attach_tracepoints(
         &mut self,
         object: &mut Object,
-        with_filemap: bool,
+        caps: &Capabilities,
         mut switch_both: bool,
     ) -> anyhow::Result<()> {
         ensure_tracefs()?;
+        let mut perf_begin = !caps.begin_tracepoints;
+        if !perf_begin && !super::capabilities::begin_tracepoints_mounted() {
+            // Assumed while tracefs was not mounted; not there after all.
+            perf_begin = true;
+            self.choice.reason.push_str(PERF_BEGIN_NOTE);
+        }
         if switch_both && !object.compat().missing.is_empty() {
             // It calls the newer helpers and has no variant: the two
             // programs it combines load as their variants instead.
@@ -253,9 +285,10 @@ impl FaultHooks {
             log::info!("{e:#}; one sched_switch program each for faults and explanations");
             switch_both = false;
         }
-        load_tracepoint_programs(object, switch_both)?;
-        for &(name, category, event) in programs::TRACEPOINTS {
-            if name == programs::OPTIONAL_TRACEPOINT && !with_filemap {
+        load_tracepoint_programs(object, switch_both, perf_begin)?;
+        let (tracepoints, perf) = tracepoint_programs(perf_begin);
+        for &(name, category, event) in tracepoints {
+            if name == programs::OPTIONAL_TRACEPOINT && !caps.filemap_tracepoint {
                 continue;
             }
             let name = switch_program(name, switch_both);
@@ -266,19 +299,24 @@ impl FaultHooks {
             self.tracepoints.push((name, link));
         }
         let cpus = online_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
-        let prog = object.program::<PerfEvent>(programs::MAJOR_FAULT_END)?;
-        for cpu in cpus {
-            let link = prog
-                .attach(
-                    PerfEventConfig::Software(SoftwareEvent::PageFaultsMaj),
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Period(1),
-                    false,
-                )
-                .with_context(|| {
-                    format!("attaching the PAGE_FAULTS_MAJ perf event on CPU {cpu}")
-                })?;
-            self.perf.push(link);
+        for name in perf {
+            let (event, what) = if name == programs::FAULT_BEGIN_PERF {
+                (SoftwareEvent::PageFaults, "PAGE_FAULTS")
+            } else {
+                (SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ")
+            };
+            let prog = object.program::<PerfEvent>(name)?;
+            for &cpu in &cpus {
+                let link = prog
+                    .attach(
+                        PerfEventConfig::Software(event),
+                        PerfEventScope::AllProcessesOneCpu { cpu },
+                        SamplePolicy::Period(1),
+                        false,
+                    )
+                    .with_context(|| format!("attaching the {what} perf event on CPU {cpu}"))?;
+                self.perf.push((name, link));
+            }
         }
         Ok(())
     }
@@ -311,13 +349,12 @@ impl FaultHooks {
                 log::warn!("detaching {name}: {e:#}");
             }
         }
-        if !self.perf.is_empty()
-            && let Ok(p) = object.program::<PerfEvent>(programs::MAJOR_FAULT_END)
-        {
-            for link in self.perf.drain(..) {
-                if let Err(e) = p.detach(link) {
-                    log::warn!("detaching {}: {e}", programs::MAJOR_FAULT_END);
-                }
+        for (name, link) in self.perf.drain(..) {
+            if let Err(e) = object
+                .program::<PerfEvent>(name)
+                .and_then(|p| Ok(p.detach(link)?))
+            {
+                log::warn!("detaching {name}: {e:#}");
             }
         }
     }

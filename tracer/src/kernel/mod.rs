@@ -77,6 +77,10 @@ pub struct CoreOptions {
     /// and, with the scheduler programs, the stopping thread's off-CPU time
     /// and the laggards.
     pub explain: bool,
+    /// Begin faults at the `PAGE_FAULTS` perf event, as kernels without
+    /// `exceptions:page_fault_*` (arm64) do, even where those exist: the
+    /// kernel tests compare the two begins on x86.
+    pub perf_fault_begin: bool,
 }
 
 /// The first Go version that times its stopping phase (and records it with
@@ -126,7 +130,11 @@ impl Core {
         Ok(Core {
             object: Object::load()?,
             opts,
-            caps: capabilities::detect(),
+            caps: {
+                let mut caps = capabilities::detect();
+                caps.begin_tracepoints &= !opts.perf_fault_begin;
+                caps
+            },
             faults: if opts.faults.is_some() {
                 FaultState::Idle
             } else {

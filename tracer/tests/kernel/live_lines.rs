@@ -27,7 +27,16 @@ fn pause_lines_appear_within_100ms_of_the_pause() {
         .args(["run", "--json", "--"])
         .arg(&stw)
         .args(["-gc", "5", "-readmemstats", "0", "-gomaxprocs", "0"])
-        .args(["-alloc-mb", "8", "-live-mb", "4", "-duration", "3s", "-interval", "5ms"])
+        .args([
+            "-alloc-mb",
+            "8",
+            "-live-mb",
+            "4",
+            "-duration",
+            "3s",
+            "-interval",
+            "5ms",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
