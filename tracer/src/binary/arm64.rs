@@ -10,6 +10,11 @@
 //!                                                      for large frames)
 //! ```
 //!
+//! Frames over 4 KiB guard against SP - frame wrapping and take their
+//! sizes from R27 (`MOVD $n, R27; SUBS R27, RSP, R17; BCC morestack; CMP
+//! R16, R17; BLS morestack; MOVD $frame, R27; SUB R27, RSP, R20; STP ...;
+//! MOVD R20, RSP`).
+//!
 //! The kernel simulates a conditional branch under a uprobe (one trap, no
 //! single-step), and at the `B.LS` every argument register (R0-R15), g
 //! (R28), SP, the frame pointer (R29) and the link register (R30, the
@@ -57,6 +62,31 @@ pub fn sub_from_sp(w: u32) -> Option<(u32, u64)> {
     }
     let imm = u64::from((w >> 10) & 0xfff);
     Some((rd(w), if (w >> 22) & 1 == 1 { imm << 12 } else { imm }))
+}
+
+/// `movz Xd, #imm16, lsl #s` or `movk ...` (Go's `MOVD $n, Rd` of a
+/// constant): (d, s, imm16, keeps the other bits).
+pub fn move_wide(w: u32) -> Option<(u32, u32, u64, bool)> {
+    let keep = match w & 0xff80_0000 {
+        0xd280_0000 => false,
+        0xf280_0000 => true,
+        _ => return None,
+    };
+    let shift = ((w >> 21) & 3) * 16;
+    Some((rd(w), shift, u64::from((w >> 5) & 0xffff), keep))
+}
+
+/// `sub Xd, sp, Xm` or `subs` (extended register, UXTX, no shift): (d, m);
+/// `subs` to XZR is a compare, not this.
+pub fn sub_register_from_sp(w: u32) -> Option<(u32, u32)> {
+    let sub = w & 0xffe0_fc00 == 0xcb20_6000;
+    let subs = w & 0xffe0_fc00 == 0xeb20_6000 && rd(w) != 31;
+    ((sub || subs) && rn(w) == SP).then_some((rd(w), rm(w)))
+}
+
+/// `b.lo` (`BCC`): unsigned lower.
+pub fn is_branch_if_lower(w: u32) -> bool {
+    w & 0xff00_0010 == 0x5400_0000 && w & 0xf == 0x3
 }
 
 /// `cmp Xn|sp, Xm` (SUBS to XZR, shifted or extended register): (n, m).
@@ -135,6 +165,14 @@ mod tests {
         assert_eq!(push_link_register(0xf81f_83fd), None); // MOVD R29, -8(RSP)
         assert_eq!(move_to_sp(0x9100_029f), Some(20)); // MOVD R20, RSP
         assert!(is_store_pair(0xa93f_fa9d)); // STP (R29, R30), -8(R20)
+        // A 19 KB frame (Go 1.27 main.deep19k).
+        assert_eq!(move_wide(0xd289_721b), Some((27, 0, 19344, false))); // MOVD $19344, R27
+        assert_eq!(move_wide(0xf2a0_003b), Some((27, 16, 1, true))); // MOVK $(1<<16), R27
+        assert_eq!(sub_register_from_sp(0xeb3b_63f1), Some((17, 27))); // SUBS R27, RSP, R17
+        assert_eq!(sub_register_from_sp(0xcb3b_63f4), Some((20, 27))); // SUB R27, RSP, R20
+        assert_eq!(sub_register_from_sp(0xeb30_63ff), None); // CMP R16, RSP
+        assert!(is_branch_if_lower(0x5400_0503)); // BCC 40(PC)
+        assert!(!is_branch_if_lower(0x5400_04c9)); // BLS 38(PC)
     }
 
     #[test]

@@ -123,16 +123,31 @@ pub fn frame_drop(arch: Arch, address: u64, code: &[u8]) -> Option<u64> {
 }
 
 fn arm64_frame_drop(address: u64, code: &[u8]) -> Option<u64> {
-    // (register, amount) of a `sub Xd, sp, #amount` that becomes SP.
+    // (register, amount) of a `sub Xd, sp, ...` that becomes SP.
     let mut pending: Option<(u32, u64)> = None;
-    for (_, w) in arm64::words(address, code).take(10) {
+    // The constant last moved into a register (frames over 4 KiB: R27).
+    let mut constant: Option<(u32, u64)> = None;
+    for (_, w) in arm64::words(address, code).take(14) {
         if let Some(n) = arm64::push_link_register(w) {
             return Some(n);
         }
         if let (Some((reg, n)), Some(from)) = (pending, arm64::move_to_sp(w)) {
             return (from == reg).then_some(n);
         }
-        match arm64::sub_from_sp(w) {
+        if let Some((reg, shift, imm, keep)) = arm64::move_wide(w) {
+            let before = match constant {
+                Some((r, v)) if keep && r == reg => v & !(0xffff << shift),
+                _ if keep => return None,
+                _ => 0,
+            };
+            constant = Some((reg, before | imm << shift));
+            continue;
+        }
+        let sub = arm64::sub_from_sp(w).or_else(|| {
+            let (reg, from) = arm64::sub_register_from_sp(w)?;
+            constant.filter(|&(r, _)| r == from).map(|(_, n)| (reg, n))
+        });
+        match sub {
             // The stack check's bound (R17), not the frame.
             Some((17, _)) => continue,
             Some((reg, n)) => {
@@ -144,6 +159,7 @@ fn arm64_frame_drop(address: u64, code: &[u8]) -> Option<u64> {
         let prologue = arm64::load_from_g(w).is_some()
             || arm64::compare(w).is_some()
             || arm64::is_branch_if_lower_or_same(w)
+            || arm64::is_branch_if_lower(w)
             || (pending.is_some() && arm64::is_store_pair(w));
         if !prologue {
             return None;
@@ -233,6 +249,24 @@ mod tests {
             0x9100_029f,
         ]);
         assert_eq!(frame_drop(Arch::Arm64, 0x6dea0, &large), Some(256));
+        // Go 1.27 main.deep19k (a 19 KB frame): the sizes come from R27.
+        let huge = arm64_code(&[
+            0xf940_0b90, // MOVD 16(R28), R16
+            0xd289_721b, // MOVD $19344, R27
+            0xeb3b_63f1, // SUBS R27, RSP, R17
+            0x5400_0503, // BCC
+            0xeb10_023f, // CMP R16, R17
+            0x5400_04c9, // BLS
+            0xd289_821b, // MOVD $19472, R27
+            0xcb3b_63f4, // SUB R27, RSP, R20
+            0xa93f_fa9d, // STP (R29, R30), -8(R20)
+            0x9100_029f, // MOVD R20, RSP
+        ]);
+        assert_eq!(frame_drop(Arch::Arm64, 0x27c930, &huge), Some(19472));
+        // A register whose constant is unknown gives no size.
+        let mut unknown = huge.clone();
+        unknown[24..28].copy_from_slice(&0xaa1f_03fbu32.to_le_bytes()); // MOV XZR, R27
+        assert_eq!(frame_drop(Arch::Arm64, 0x27c930, &unknown), None);
         // No prologue: MOVD 112(R0), R2 first.
         assert_eq!(
             frame_drop(Arch::Arm64, 0, &arm64_code(&[0xf940_3802])),

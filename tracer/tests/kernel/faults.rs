@@ -341,7 +341,14 @@ fn check_pageout(go: &GoToolchain, opts: CoreOptions) {
         let top = &p.top_sites[0];
         assert!(top.stack.len() >= 5, "short stack at the top site: {top:?}");
     }
-    assert!(proc.in_pauses.swap_in > 0);
+    // Swap-ins, where the kernel tells them from file-backed faults (the
+    // tracepoint backend needs `filemap:mm_filemap_fault`: Debian's 6.1
+    // has none, and its faults are of unknown kind).
+    if capabilities::detect().filemap_tracepoint {
+        assert!(proc.in_pauses.swap_in > 0, "{:?}", proc.in_pauses);
+    } else {
+        assert_eq!(proc.in_pauses.unknown_kind, proc.in_pauses.faults);
+    }
 
     // Go's own histogram agrees these pauses were long. The stopping thread
     // faults one fault after another inside the pause, so each pause lasted

@@ -311,10 +311,16 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
             "Go {v}: main.spinLoop innermost in only {held} of the {} pauses the spinner held",
             waited.len() - contended - unseen
         );
+        let unexplained: Vec<String> = slow
+            .iter()
+            .filter(|p| ns(&p["breakdown"]["unexplained_ns"]) * 10 > ns(&p["duration_ns"]))
+            .map(|p| format!("{} ns: {}", p["duration_ns"], p["breakdown"]))
+            .collect();
         assert!(
             explained * 10 >= slow.len() * 8,
-            "Go {v}: only {explained} of {} slow pauses explained to 10%",
-            slow.len()
+            "Go {v}: only {explained} of {} slow pauses explained to 10%; the others:\n{}",
+            slow.len(),
+            unexplained.join("\n")
         );
     }
 }
