@@ -349,12 +349,22 @@ fn reclaim(e: &Exposure, p: &PauseEvidence) -> Option<Advice> {
     let mut evidence = slow_share(p, p.slow_pauses_reclaim, "reclaim", p.reclaim_ns, share);
     let group = e.cgroup.as_ref().filter(|c| c.dir.is_some());
     let limit = group.and_then(|c| c.effective_limit).and_then(Limit::bytes);
+    // Usage is read once, at the end, and reclaim brings it down: the
+    // group's own count of reaching its limit (v1 `failcnt`, v2
+    // `memory.events` max) says it too.
+    let hit_limit = group
+        .and_then(|c| c.events.get("failcnt").or_else(|| c.events.get("max")))
+        .copied()
+        .filter(|&n| n > 0);
     let at_limit = match (group.and_then(|c| c.usage_bytes), limit) {
-        (Some(u), Some(l)) => u as f64 >= NEAR_LIMIT_SHARE * l as f64,
+        (Some(u), Some(l)) => u as f64 >= NEAR_LIMIT_SHARE * l as f64 || hit_limit.is_some(),
         _ => false,
     };
     if let Some(c) = group {
         evidence += &format!("; {}", cgroup_summary(c));
+        if let Some(n) = hit_limit {
+            evidence += &format!(", at its limit {n} times");
+        }
         if let Some(pc) = c.page_cache {
             evidence += &format!(
                 ", page cache {} ({} dirty, {} under writeback)",

@@ -273,6 +273,26 @@ fn reclaim_in_a_group_at_its_limit_names_the_group_and_its_page_cache() {
     };
     let a = advice(&exposure(0, 0, Some(v2)), &ev);
     assert!(a[0].action.contains("memory.high"), "{}", a[0].action);
+    // Below 90% when read, but the group reached its limit while traced
+    // (reclaim had brought it down): v1's failcnt, v2's memory.events max.
+    for (mut below, key) in [
+        (v1_group(55 << 20, 64 << 20), "failcnt"),
+        (v2_group(55 << 20, 64 << 20), "max"),
+    ] {
+        below.path = "/gostw-reclaim".into();
+        below.events.insert(key.into(), 12);
+        let a = advice(&exposure(0, 0, Some(below.clone())), &ev);
+        assert!(a[0].finding.contains("at its limit"), "{}", a[0].finding);
+        assert!(
+            a[0].evidence.contains("at its limit 12 times"),
+            "{}",
+            a[0].evidence
+        );
+        // Without the count, 86% of the limit is not at it.
+        below.events.clear();
+        let a = advice(&exposure(0, 0, Some(below)), &ev);
+        assert!(!a[0].finding.contains("at its limit"), "{}", a[0].finding);
+    }
     // Far from its limit, the group is not blamed.
     let a = advice(&exposure(0, 0, Some(v1_group(10 << 20, 1 << 30))), &ev);
     assert!(!a[0].finding.contains("at its limit"), "{}", a[0].finding);
