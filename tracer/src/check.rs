@@ -257,12 +257,8 @@ fn features(
         degraded_status(&losses, STACK_GROWTH_SAMPLED),
     );
     feature("stack growth (exact)", &[(STACK_COPY, Kind::UProbe)], None);
-    let fault = fault_feature(
-        object,
-        compat,
-        (backend, begin_tracepoints),
-        degraded_status(&losses, FAULTS),
-    );
+    let degraded = degraded_status(&losses, FAULTS);
+    let fault = fault_feature(object, compat, backend, begin_tracepoints, degraded);
     let agent = if out[0].status == Status::Works {
         Status::Works
     } else {
@@ -296,7 +292,8 @@ fn degraded_status(losses: &[Degraded], name: &str) -> Option<Status> {
 fn fault_feature(
     object: &mut Object,
     compat: &Compat,
-    (backend, begin_tracepoints): (&BackendChoice, bool),
+    backend: &BackendChoice,
+    begin_tracepoints: bool,
     degraded: Option<Status>,
 ) -> Feature {
     let mut f = Feature {
