@@ -41,6 +41,15 @@ pub struct Options {
     pub kernel_test_args: Vec<String>,
 }
 
+/// Whether the VM step boots an arm64 guest.
+fn boots_arm64(opts: &Options) -> bool {
+    !opts.no_vm
+        && opts
+            .vm_kernels
+            .iter()
+            .any(|k| vm::kernel_entry(k).is_ok_and(|(arch, _)| arch == Arch::Arm64))
+}
+
 pub fn run(opts: &Options) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut timings = Vec::new();
@@ -116,7 +125,13 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             exec(cargo().args(["test", "--workspace", "--exclude", "tracer-ebpf"]))
         })?;
         timed("dist", &mut || {
-            crate::dist::artifacts(&[(Arch::Amd64, release.clone())])
+            // The arm64 artifacts where the run boots an arm64 guest: it runs
+            // that same static build, so building it here costs nothing more.
+            let mut builds = vec![(Arch::Amd64, release.clone())];
+            if boots_arm64(opts) {
+                builds.push((Arch::Arm64, crate::dist::build_static(Arch::Arm64)?));
+            }
+            crate::dist::artifacts(&builds)
         })?;
         for round in 1..=opts.repeat {
             let of = if opts.repeat > 1 {

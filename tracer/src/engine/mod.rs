@@ -156,7 +156,7 @@ pub struct Engine {
     /// Goroutine counts being sampled, per process (stack growth of a
     /// one-process trace: the sampling thread costs up to ~5% of a CPU), and
     /// the last peak sent.
-    goroutines: HashMap<u32, (Option<GoroutineWatch>, u64)>,
+    goroutines: HashMap<u32, GoroutineCount>,
     stacks: bool,
     /// Pauses are explained: report CPU cgroup throttling too.
     explain: bool,
@@ -170,6 +170,31 @@ pub struct Engine {
     /// Pauses are explained and the host hides kernel addresses.
     symbols_hidden: bool,
     out: Vec<Observed>,
+}
+
+/// A one-process trace's goroutine count: its watch once started, why it
+/// has not started (yet), and the last peak sent.
+#[derive(Debug, Default)]
+struct GoroutineCount {
+    watch: Option<GoroutineWatch>,
+    failure: Option<String>,
+    sent: u64,
+}
+
+impl GoroutineCount {
+    /// Said once, when the process is done with and no count was read: the
+    /// summary says only that the count is unknown.
+    fn say_why_none(&self, pid: u32) {
+        if self.sent > 0 {
+            return;
+        }
+        let why = match (&self.watch, &self.failure) {
+            (Some(watch), _) => watch.why_no_peak(),
+            (None, Some(failure)) => failure.clone(),
+            (None, None) => return,
+        };
+        log::warn!("pid {pid}: goroutine count not read: {why}");
+    }
 }
 
 impl Engine {
@@ -414,6 +439,9 @@ impl Engine {
     /// End the trace: every event in, every process released and untraced,
     /// final counts out.
     pub fn finish(&mut self, sink: &mut dyn Sink) {
+        for (pid, count) in self.goroutines.drain() {
+            count.say_why_none(pid);
+        }
         self.drain();
         self.cost.read_next_now();
         self.emit_health();
@@ -469,7 +497,9 @@ impl Engine {
             self.drain();
         }
         for pid in &changes.exited {
-            self.goroutines.remove(pid);
+            if let Some(count) = self.goroutines.remove(pid) {
+                count.say_why_none(*pid);
+            }
         }
         let single = target.single().is_some();
         let changes_scanned = changes.scanned;
@@ -518,16 +548,19 @@ impl Engine {
     fn read_goroutines(&mut self) {
         for info in self.tracker.infos() {
             let Some(image) = &info.image else { continue };
-            let (watch, sent) = self.goroutines.entry(info.pid).or_default();
-            if watch.is_none() {
+            let count = self.goroutines.entry(info.pid).or_default();
+            if count.watch.is_none() {
                 // Retried until the process has mapped its executable.
-                *watch = GoroutineWatch::start(&ProcessImage::new(info.pid, image.clone()));
+                match GoroutineWatch::start(&ProcessImage::new(info.pid, image.clone())) {
+                    Ok(watch) => count.watch = Some(watch),
+                    Err(why) => count.failure = Some(why),
+                }
             }
-            let Some(n) = watch.as_ref().and_then(GoroutineWatch::peak) else {
+            let Some(n) = count.watch.as_ref().and_then(GoroutineWatch::peak) else {
                 continue;
             };
-            if n > *sent {
-                *sent = n;
+            if n > count.sent {
+                count.sent = n;
                 self.out.push(Observed::Goroutines {
                     pid: info.pid,
                     peak: n,

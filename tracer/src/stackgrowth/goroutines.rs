@@ -78,11 +78,14 @@ pub struct GoroutineWatch {
 }
 
 impl GoroutineWatch {
-    /// Start watching `process` (None when its goroutine count cannot be
-    /// found, or the process cannot be read yet).
-    pub fn start(process: &ProcessImage) -> Option<GoroutineWatch> {
+    /// Start watching `process`; why not, in words, when its goroutine
+    /// count cannot be found or the process cannot be read (yet).
+    pub fn start(process: &ProcessImage) -> Result<GoroutineWatch, String> {
         let binary = &process.exe.binary;
-        let found = binary.allglen()?;
+        let found = binary
+            .allglen()
+            .ok_or("runtime.allglen was not found in the executable")?;
+        let pid = process.pid;
         let offset = |field: &str| {
             binary
                 .struct_offsets()
@@ -91,10 +94,13 @@ impl GoroutineWatch {
                 .map(u64::from)
         };
         let target = Target {
-            pid: process.pid,
-            mem: File::open(format!("/proc/{}/mem", process.pid)).ok()?,
-            resident: Resident::open(process.pid).ok()?,
-            allglen: process.runtime_address(found.address)?,
+            pid,
+            mem: File::open(format!("/proc/{pid}/mem"))
+                .map_err(|e| format!("/proc/{pid}/mem: {e}"))?,
+            resident: Resident::open(pid).map_err(|e| format!("/proc/{pid}/pagemap: {e}"))?,
+            allglen: process
+                .runtime_address(found.address)
+                .ok_or("the executable is not mapped yet")?,
             allgs_len: found.allgs_len.and_then(|a| process.runtime_address(a)),
             allgs: found.allgs_len.and_then(|a| process.runtime_address(a - 8)),
             status: offset("g.atomicstatus"),
@@ -103,15 +109,20 @@ impl GoroutineWatch {
         let shared = Arc::new(Shared::default());
         // The first count before returning, so a caller gets one at once.
         let mut last = LastWalk::default();
-        let first = target.count(&mut last, &shared)?;
+        let first = target
+            .count(&mut last, &shared)
+            .ok_or_else(|| target.unreadable())?;
         target.take(&shared, first);
         let stop = Arc::new(AtomicBool::new(false));
         let (sh, st) = (shared.clone(), stop.clone());
         std::thread::Builder::new()
             .name("gostw-goroutines".into())
-            .spawn(move || target.sample(&sh, &st, last))
-            .ok()?;
-        Some(GoroutineWatch {
+            .spawn(move || {
+                target.sample(&sh, &st, last);
+                sh.ended.store(true, Ordering::Relaxed);
+            })
+            .map_err(|e| format!("no sampling thread: {e}"))?;
+        Ok(GoroutineWatch {
             sampler: Sampler { shared, stop },
         })
     }
@@ -127,6 +138,23 @@ impl GoroutineWatch {
     pub fn structs(&self) -> Option<u64> {
         let n = self.sampler.shared.structs.load(Ordering::Relaxed);
         (n > 0).then_some(n)
+    }
+
+    /// Why there is no peak yet, in words (for a process that ends
+    /// without one).
+    pub fn why_no_peak(&self) -> String {
+        let s = &self.sampler.shared;
+        format!(
+            "{} complete walk(s) of allgs found no goroutine alive, {} left \
+             incomplete{}",
+            s.complete.load(Ordering::Relaxed),
+            s.incomplete.load(Ordering::Relaxed),
+            if s.ended.load(Ordering::Relaxed) {
+                "; the process could no longer be read"
+            } else {
+                ""
+            }
+        )
     }
 
     /// Samples left incomplete so far, because pages they needed were not
@@ -184,6 +212,10 @@ struct Shared {
     structs: AtomicU64,
     incomplete: AtomicU64,
     absent_pages: AtomicU64,
+    /// Complete samples taken.
+    complete: AtomicU64,
+    /// The sampling thread stopped on its own (the process unreadable).
+    ended: AtomicBool,
 }
 
 impl Shared {
@@ -191,6 +223,7 @@ impl Shared {
     /// The incomplete samples so far (0 while all are complete).
     fn add(&self, s: Sample) -> u64 {
         if s.absent_pages == 0 {
+            self.complete.fetch_add(1, Ordering::Relaxed);
             self.peak.fetch_max(s.alive, Ordering::Relaxed);
             return self.incomplete.load(Ordering::Relaxed);
         }
@@ -287,6 +320,22 @@ impl Target {
                 s.absent_pages
             );
         }
+    }
+
+    /// Why a count failed: the two lengths as read (a wrong address reads
+    /// as garbage, or as two values that never agree).
+    fn unreadable(&self) -> String {
+        let show = |at: Option<u64>| match at {
+            None => "unknown".to_owned(),
+            Some(a) => self
+                .read(a)
+                .map_or_else(|| format!("unreadable at {a:#x}"), |n| n.to_string()),
+        };
+        format!(
+            "no count: runtime.allglen read {}, len(allgs) {}",
+            show(Some(self.allglen)),
+            show(self.allgs_len)
+        )
     }
 
     fn read(&self, at: u64) -> Option<u64> {

@@ -17,11 +17,11 @@ use tracer::{
     targets::tracker::{AttachError, Kernel as _},
 };
 
-pub use crate::loopback::{free_port, http_get, wait_until};
+pub use crate::loopback::{free_port, http_get, wait_showing, wait_until};
 use crate::{
     faults::{ARGS, ENV, ROUNDS, auto_backend, majflt_agrees},
     scenario::{GcSwap, MemCgroup, SwapFile, majflt},
-    support::{GoToolchain, build_workload, go_matrix, newest_go, require_root},
+    support::{GoToolchain, build_workload, go_matrix, newest_go, patience, require_root},
 };
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
@@ -84,14 +84,67 @@ impl Procs {
     }
 }
 
+/// Each thread of `pid`: name, state, CPU ticks (user, system) and where in
+/// the kernel it waits.
+fn threads_of(pid: u32) -> String {
+    let mut out = String::new();
+    let tasks = fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten();
+    for task in tasks.flatten() {
+        let dir = task.path();
+        let read = |f: &str| fs::read_to_string(dir.join(f)).unwrap_or_default();
+        let stat = read("stat");
+        // Fields after the command's closing parenthesis: state is the
+        // first, utime and stime the 12th and 13th.
+        let after: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r.split_whitespace().collect())
+            .unwrap_or_default();
+        let field = |i: usize| after.get(i).copied().unwrap_or("?");
+        out += &format!(
+            "  {} {} state {} utime {} stime {} wchan {} syscall {}\n",
+            task.file_name().to_string_lossy(),
+            read("comm").trim(),
+            field(0),
+            field(11),
+            field(12),
+            read("wchan").trim(),
+            read("syscall").trim()
+        );
+        for frame in read("stack").lines() {
+            out += &format!("      {frame}\n");
+        }
+    }
+    out
+}
+
 impl Drop for Procs {
     fn drop(&mut self) {
+        // A failed test shows where the agent's threads were.
+        if std::thread::panicking() {
+            for (name, child) in &self.children {
+                if name == "gostw agent" {
+                    eprintln!("the agent's threads:\n{}", threads_of(child.id()));
+                }
+            }
+        }
         for (name, child) in &mut self.children {
             if child.try_wait().ok().flatten().is_none() {
                 let _ = child.kill();
             }
             if let Err(e) = child.wait() {
                 eprintln!("reaping {name}: {e}");
+            }
+        }
+        // A failed test shows what the agent said, before its log goes.
+        if std::thread::panicking()
+            && let Ok(log) = fs::read_to_string(self.dir.join("agent.log"))
+        {
+            let lines: Vec<&str> = log.lines().collect();
+            eprintln!("the agent's log (last 40 lines):");
+            for line in &lines[lines.len().saturating_sub(40)..] {
+                eprintln!("  {line}");
             }
         }
         let _ = fs::remove_dir_all(&self.dir);
@@ -592,7 +645,8 @@ fn exec_notifications_trace_new_processes_before_the_next_poll() {
         "gostw agent",
         Command::new(GOSTW)
             .args(["agent", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--match", &matching, "--poll-interval", "60s"])
+            .args(["--match", &matching, "--poll-interval"])
+            .arg(format!("{}s", patience(Duration::from_secs(60)).as_secs()))
             .stdout(Stdio::null())
             .stderr(log),
     );
@@ -613,7 +667,7 @@ fn exec_notifications_trace_new_processes_before_the_next_poll() {
     );
     wait_until(
         "the new process to be traced",
-        Duration::from_secs(15),
+        patience(Duration::from_secs(15)),
         || metric("gostw_agent_processes_traced").filter(|n| *n == 1.0),
     );
     eprintln!("traced {:?} after it started", started.elapsed());
@@ -710,14 +764,15 @@ fn agent_exports_stack_growth_per_executable() {
         procs.spawn(
             mode,
             Command::new(exe)
-                .args(["-mode", mode, "-duration", "60s"])
+                .args(["-mode", mode, "-duration"])
+                .arg(format!("{}s", patience(Duration::from_secs(60)).as_secs()))
                 .stdout(Stdio::null()),
         );
     }
     let started = Instant::now();
     let body = wait_until(
         "stack growth samples of both executables",
-        Duration::from_secs(90),
+        patience(Duration::from_secs(90)),
         || {
             let (_, body) = http_get(port, "/metrics")?;
             let growth = scraped(&body, "gostw_stack_growth_samples_total", "sg-batch")?;
@@ -831,13 +886,18 @@ fn agent_and_attach_see_the_same_pauses_and_faults() {
     };
     let mut workload = GcSwap::start(&bin, ARGS, ENV, |pid| cgroup.add(pid));
     let pid = workload.pid;
-    wait_until("gcswap to be traced", Duration::from_secs(30), || {
-        (sum_series(
-            &metrics(),
-            "gostw_traced_processes",
-            &[r#"executable="gcswap""#],
-        ) == 1.0)
-            .then_some(())
+    wait_showing("gcswap to be traced", Duration::from_secs(30), || {
+        let m = metrics();
+        if sum_series(&m, "gostw_traced_processes", &[r#"executable="gcswap""#]) == 1.0 {
+            return Ok(());
+        }
+        // What the agent says of its processes, when it is not.
+        Err(m
+            .lines()
+            .filter(|l| l.starts_with("gostw_") && !l.contains("_bucket"))
+            .filter(|l| l.contains("process") || l.contains("attach"))
+            .collect::<Vec<_>>()
+            .join("\n"))
     });
     let signal = |sig| {
         // SAFETY: signalling our own child.

@@ -219,6 +219,16 @@ fn run_summary_reports_its_own_cost() {
         .unwrap_or_else(|| panic!("no summary in:\n{stdout}"));
     let h = &summary["health"];
     assert_eq!(h["bpf_stats_enabled"], true, "{h}");
+    // Each program's cost on this kernel and CPU (the arm64 guest's figures
+    // in the book come from here).
+    for p in h["programs"].as_array().into_iter().flatten() {
+        eprintln!(
+            "{}: {} runs, {:.0} ns/run",
+            p["program"].as_str().unwrap_or("?"),
+            p["runs"],
+            p["ns_per_run"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
     let pauses = summary["processes"][0]["pauses"].as_u64().unwrap();
     assert!(pauses >= 10, "{pauses} pauses");
     let stop = h["programs"]

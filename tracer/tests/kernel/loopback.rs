@@ -26,6 +26,19 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Optio
     }
 }
 
+/// As [`wait_until`], with what `f` last saw (its `Err`) in the panic.
+pub fn wait_showing<T>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> Result<T, String>,
+) -> T {
+    let mut seen = String::new();
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_until(what, timeout, || f().map_err(|e| seen = e).ok())
+    }));
+    got.unwrap_or_else(|_| panic!("{what}: last seen:\n{seen}"))
+}
+
 /// `requests` GETs of `path` on `port` from `threads` threads at once, one
 /// connection each (loopback); stops early at `limit`. Returns the requests
 /// answered 200.

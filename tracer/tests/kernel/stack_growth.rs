@@ -400,7 +400,7 @@ fn stripped_server_goroutine_count_is_never_below_num_goroutine() {
     std::thread::sleep(Duration::from_millis(500));
     let image = tracer::image::ExecutableImage::of_pid(pid).unwrap();
     let watch = goroutines::GoroutineWatch::start(&tracer::image::ProcessImage::new(pid, image))
-        .expect("watching the server's goroutines");
+        .unwrap_or_else(|e| panic!("watching the server's goroutines: {e}"));
     std::thread::sleep(Duration::from_secs(2));
     let (peak, structs) = (watch.peak().unwrap(), watch.structs().unwrap());
     let out = server.wait_with_output().unwrap();

@@ -92,6 +92,18 @@ pub fn vm_kernel() -> Option<String> {
     std::env::var("GOSTW_VM").ok()
 }
 
+/// A wait that includes gostw loading its eBPF programs: ten times longer in
+/// the VM, where the kernel's verifier runs emulated (the agent's first
+/// attach spent more than 35 s in `bpf_check` in the arm64 guest; well under
+/// a second on this host's CPU).
+pub fn patience(wait: std::time::Duration) -> std::time::Duration {
+    if vm_kernel().is_some() {
+        wait * 10
+    } else {
+        wait
+    }
+}
+
 /// The oldest and the newest toolchain of the matrix (one if they are the
 /// same), for tests of code that moved between them.
 pub fn oldest_and_newest_go() -> Vec<GoToolchain> {

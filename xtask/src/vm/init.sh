@@ -112,10 +112,32 @@ sed 's/^/GOSTW_VM_CHECK_LINE=/' /tmp/gostw-check.txt
 echo "GOSTW_VM_CHECK_EXIT=$check"
 
 
+# A guest stalled in its tests (seen once: 5.10 silent for 9 minutes in
+# compat::, QEMU busy) prints nothing more. After @QUIET_SECS@ s without a
+# byte sent on the serial console (the UARTs' tx counts), say where every
+# task waits; the host then ends this boot. Longer than any test takes here.
+(
+	last='' quiet=0
+	while sleep 15; do
+		tx=$(cat /proc/tty/driver/* 2>/dev/null | grep -o 'tx:[0-9]*')
+		[ -n "$tx" ] || continue
+		if [ "$tx" != "$last" ]; then
+			last=$tx quiet=0
+			continue
+		fi
+		quiet=$((quiet + 15))
+		[ "$quiet" -ge @QUIET_SECS@ ] || continue
+		echo "GOSTW_VM_SILENT=no console output for $quiet s; every task:"
+		tasks
+		exit 0
+	done
+) &
+quiet_watch=$!
+
 cd /tmp
 @ENV@ @TEST_BIN@ --test-threads=1 @TEST_ARGS@
 code=$?
-kill "$watchdog" 2>/dev/null
+kill "$watchdog" "$quiet_watch" 2>/dev/null
 
 echo "GOSTW_VM_KPROBE_HITS=do_swap_page $(hits do_swap_page)"
 echo 0 >"$kp/events/gostw_vm/enable"

@@ -363,6 +363,10 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
         .replace("@LINKS@", &link_commands(&links)?)
         .replace("@STALL_SECS@", &p.stall_secs.to_string())
         .replace(
+            "@QUIET_SECS@",
+            &super::qemu::GUEST_QUIET_LIMIT.as_secs().to_string(),
+        )
+        .replace(
             "@GOSTW_BIN@",
             &shell_quote(&guest_path(&root, &p.binaries.gostw)?.to_string_lossy()),
         )

@@ -43,6 +43,9 @@ pub struct Report {
     pub boot_time: Option<Duration>,
     /// From starting QEMU to `GOSTW_VM_EXIT`.
     pub total_time: Duration,
+    /// The longest the console was silent while the tests ran (what
+    /// [`GUEST_QUIET_LIMIT`] must stay above).
+    pub longest_quiet: Duration,
 }
 
 impl Report {
@@ -86,6 +89,34 @@ impl std::fmt::Display for NotBooted {
 }
 
 impl std::error::Error for NotBooted {}
+
+/// How long the guest's tests may print nothing before init.sh's watchdog
+/// says where every task waits: longer than any one test of the VM lists
+/// takes there (the VM summary prints the longest silence of each run).
+pub const GUEST_QUIET_LIMIT: Duration = Duration::from_secs(600);
+
+/// After the guest said it stalled, time for it to print its tasks.
+const STALL_DUMP: Duration = Duration::from_secs(60);
+
+/// With no line at all for this long while the tests run, the guest is
+/// stalled even if its watchdog could not say so.
+const HOST_QUIET_LIMIT: Duration = Duration::from_secs(690);
+
+/// The guest stopped making progress in its tests (its watchdog's
+/// `GOSTW_VM_SILENT`, or a silent console): seen once, a 5.10 guest silent
+/// for 9 minutes in `compat::` with QEMU busy, an emulator stall like the
+/// boots that never reach their tests. Killed; the boot may be tried once
+/// more, and its console is kept.
+#[derive(Debug)]
+pub struct GuestStalled(pub String);
+
+impl std::fmt::Display for GuestStalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the guest stalled in its tests: {}", self.0)
+    }
+}
+
+impl std::error::Error for GuestStalled {}
 
 /// The guest's kernel panicked before the tests ended (its console's first
 /// `Oops`/`BUG` line, or the panic's): seen once, an `int3` Oops in
@@ -211,16 +242,26 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
 
     let mut report = Report::default();
     let mut death: Option<String> = None;
+    let mut stalled: Option<String> = None;
     let mut deadline = started + boot.timeout;
     let booting = started + BOOT_LIMIT;
+    let mut last_line = Instant::now();
     let outcome = loop {
+        let testing = report.boot_time.is_some() && report.exit_code.is_none();
         let until = if report.boot_time.is_none() {
             deadline.min(booting)
+        } else if testing {
+            deadline.min(last_line + HOST_QUIET_LIMIT)
         } else {
             deadline
         };
         let left = until.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
+        let got = rx.recv_timeout(left);
+        if testing {
+            report.longest_quiet = report.longest_quiet.max(last_line.elapsed());
+        }
+        last_line = Instant::now();
+        match got {
             Ok(line) => {
                 println!("{line}");
                 writeln!(log, "{line}")?;
@@ -229,6 +270,10 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
                     death = kernel_death(&line).map(str::to_owned);
                 }
                 if let Some((key, value)) = fact(&line) {
+                    if key == "SILENT" && report.boot_time.is_some() && stalled.is_none() {
+                        stalled = Some(value.to_owned());
+                        deadline = deadline.min(Instant::now() + STALL_DUMP);
+                    }
                     if key == "BOOTED" {
                         report.boot_time = Some(started.elapsed());
                     }
@@ -241,7 +286,12 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
                     report.facts.push((key.to_owned(), value.to_owned()));
                 }
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => break Outcome::TimedOut,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if testing && stalled.is_none() && Instant::now() < deadline {
+                    stalled = Some(format!("no console output for {HOST_QUIET_LIMIT:?}"));
+                }
+                break Outcome::TimedOut;
+            }
             // Both pipes closed: QEMU has exited.
             Err(mpsc::RecvTimeoutError::Disconnected) => break Outcome::Exited,
         }
@@ -261,6 +311,9 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
     if matches!(outcome, Outcome::TimedOut) && report.exit_code.is_none() {
         let _ = child.kill();
         let _ = child.wait();
+        if let Some(why) = stalled {
+            return Err(GuestStalled(why).into());
+        }
         bail!(
             "the VM did not finish within {:?} (killed; console log: {}). \
              Raise --timeout-minutes or narrow the test filter",
