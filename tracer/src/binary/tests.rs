@@ -440,7 +440,7 @@ fn compressed_debug_sections_are_inflated() {
     assert_eq!(image.debug_section(".debug_ranges"), None);
 }
 
-/// Run every parser over `data`; only a panic fails.
+/// Run every parser over `data`, without panicking.
 /// How far the analysis of `data` went: parsed as a Go binary, and its
 /// pclntab read. A PC past every function never symbolizes.
 fn analyse(data: Vec<u8>) -> (bool, bool) {
