@@ -15,20 +15,33 @@ pub fn free_port() -> io::Result<u16> {
 /// GET `path` from 127.0.0.1:`port`; (status, body). None when nothing
 /// listens yet or the answer is not HTTP.
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let (status, body) = http_get_bytes(port, path, Duration::from_secs(10)).ok()?;
+    Some((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// GET `path` from 127.0.0.1:`port`, waiting up to `timeout` for the
+/// answer; (status, body as bytes).
+pub fn http_get_bytes(port: u16, path: &str, timeout: Duration) -> io::Result<(u16, Vec<u8>)> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(timeout))?;
     write!(
         s,
         "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
+    )?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let raw = String::from_utf8_lossy(&raw);
-    let (head, body) = raw.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_owned()))
+    s.read_to_end(&mut raw)?;
+    let not_http = || io::Error::new(io::ErrorKind::InvalidData, "not an HTTP response");
+    let at = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(not_http)?;
+    let status = String::from_utf8_lossy(&raw[..at])
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(not_http)?;
+    Ok((status, raw[at + 4..].to_vec()))
 }
 
 /// The samples of metric `name` in Prometheus text exposition `text`:

@@ -109,7 +109,9 @@ impl Outputs {
             }
             let (mode, hz) = core
                 .stacks
-                .map_or((Mode::Sampled, 99), |s| (s.mode, s.sample_hz));
+                .map_or((Mode::Sampled, tracer::kernel::stacks::SAMPLE_HZ), |s| {
+                    (s.mode, s.sample_hz)
+                });
             let comment: Vec<String> = std::env::args().collect();
             if which == Profiles::Traced && core.explain {
                 let pauses = path_for(path, "pauses");

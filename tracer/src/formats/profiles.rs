@@ -16,6 +16,7 @@
 use std::path::{Path, PathBuf};
 
 use super::pprof::{Label, Location, MappingInfo, ProfileBuilder};
+use crate::model::fault::FaultKind;
 
 /// Which of gostw's two profiles.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,28 +98,6 @@ impl ProfileInfo {
     }
 }
 
-/// What a major fault read back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backing {
-    /// Anonymous memory, from swap.
-    Swap,
-    /// A file page.
-    File,
-    /// The kernel did not say.
-    Unknown,
-}
-
-impl Backing {
-    /// The `backing` label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            Backing::Swap => "swap",
-            Backing::File => "file",
-            Backing::Unknown => "unknown",
-        }
-    }
-}
-
 /// The pause a fault began in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FaultPause<'a> {
@@ -135,7 +114,7 @@ pub struct FaultRecord<'a> {
     pub stack: &'a [Location],
     /// Fault begin to end, ns (0 when the begin was not seen).
     pub duration_ns: u64,
-    pub backing: Backing,
+    pub backing: FaultKind,
     /// `None` outside pauses.
     pub pause: Option<FaultPause<'a>>,
 }
@@ -169,7 +148,7 @@ impl FaultProfile {
     /// `faults` faults like `f` (its `duration_ns` is not used), `fault_ns`
     /// in all, with `extra` labels beside the fault's own.
     pub fn add(&mut self, f: &FaultRecord<'_>, faults: u64, fault_ns: u64, extra: &[Label]) {
-        let mut labels = vec![Label::str("backing", f.backing.label())];
+        let mut labels = vec![Label::str("backing", f.backing.backing_label())];
         match f.pause {
             Some(p) => {
                 labels.push(Label::str("in_pause", "true"));

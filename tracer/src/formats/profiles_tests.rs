@@ -82,25 +82,25 @@ fn fault_profile_counts_each_fault_with_its_time_and_pause() {
         FaultRecord {
             stack: &gc,
             duration_ns: 40_000,
-            backing: Backing::Swap,
+            backing: FaultKind::SwapIn,
             pause: Some(in_pause),
         },
         FaultRecord {
             stack: &gc,
             duration_ns: 60_000,
-            backing: Backing::Swap,
+            backing: FaultKind::SwapIn,
             pause: Some(in_pause),
         },
         FaultRecord {
             stack: &user,
             duration_ns: 900_000,
-            backing: Backing::File,
+            backing: FaultKind::FileBacked,
             pause: None,
         },
         FaultRecord {
             stack: &[],
             duration_ns: 0,
-            backing: Backing::Unknown,
+            backing: FaultKind::Unknown,
             pause: None,
         },
     ];

@@ -23,6 +23,20 @@ pub enum FaultKind {
     Unknown,
 }
 
+impl FaultKind {
+    /// Every kind, in the order the metrics list them.
+    pub const ALL: [FaultKind; 3] = [FaultKind::SwapIn, FaultKind::FileBacked, FaultKind::Unknown];
+
+    /// The `backing` label of the metrics and profiles.
+    pub fn backing_label(self) -> &'static str {
+        match self {
+            FaultKind::SwapIn => "swap",
+            FaultKind::FileBacked => "file",
+            FaultKind::Unknown => "unknown",
+        }
+    }
+}
+
 /// One decoded, symbolized major fault.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fault {

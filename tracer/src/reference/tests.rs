@@ -28,9 +28,7 @@ use crate::{
         Sink as _,
         metrics::{
             Metrics,
-            observe::{
-                Backing, FaultObservation, PauseObservation, StackGrowthObservation, WaitedOn,
-            },
+            observe::{FaultObservation, PauseObservation, StackGrowthObservation, WaitedOn},
         },
         report::{Output, ReportSink, View},
     },
@@ -114,7 +112,7 @@ fn exposition() -> String {
         &l,
         &FaultObservation {
             in_pause: true,
-            backing: Backing::Swap,
+            backing: FaultKind::SwapIn,
             wait_ns: 1_000,
             waited_on: WaitedOn::Own,
         },

@@ -258,7 +258,10 @@ impl OtlpSink {
                 .build(),
             cpu_samples: meter
                 .u64_counter("gostw.cpu.samples")
-                .with_description("CPU-clock samples (99 Hz per CPU) that landed in the process")
+                .with_description(format!(
+                    "CPU-clock samples ({} Hz per CPU) that landed in the process",
+                    crate::kernel::stacks::SAMPLE_HZ
+                ))
                 .build(),
             growth_samples: meter
                 .u64_counter("gostw.stack_growth.samples")

@@ -341,17 +341,11 @@ fn every_slow_pause_go_counted_is_recorded_and_explained() {
 
 /// The body of a GET, as bytes.
 fn get_bytes(port: u16, path: &str) -> Vec<u8> {
-    use std::io::Write as _;
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let at = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("no HTTP header");
-    assert!(raw.starts_with(b"HTTP/1.0 200") || raw.starts_with(b"HTTP/1.1 200"));
-    raw[at + 4..].to_vec()
+    let (status, body) =
+        gostw_scenario::loopback::http_get_bytes(port, path, std::time::Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    assert_eq!(status, 200, "GET {path}");
+    body
 }
 
 /// The `pause_id`s of the exemplars Prometheus holds for the agent's

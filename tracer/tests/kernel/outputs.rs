@@ -5,8 +5,7 @@
 
 use std::{
     collections::HashMap,
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpStream},
+    io::Read as _,
     path::{Path, PathBuf},
     process::Command,
     time::Duration,
@@ -341,23 +340,8 @@ fn attach_outputs_match_its_json_on_the_pageout_scenario() {
 
 /// GET over loopback, the body as bytes: (status, body).
 fn http_get_bytes(port: u16, path: &str, timeout: Duration) -> (u16, Vec<u8>) {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
-    s.set_read_timeout(Some(timeout)).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let at = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("an HTTP response");
-    let head = String::from_utf8_lossy(&raw[..at]);
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, raw[at + 4..].to_vec())
+    gostw_scenario::loopback::http_get_bytes(port, path, timeout)
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
 }
 
 /// The agent's profiles: the cumulative fault profile of a paged-out

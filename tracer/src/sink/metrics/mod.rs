@@ -28,11 +28,11 @@ mod sink;
 pub mod slow;
 
 use self::observe::{
-    Backing, FaultObservation, PauseObservation, StackGrowthObservation, WaitedOn, backing_label,
-    waited_label,
+    FaultObservation, PauseObservation, StackGrowthObservation, WaitedOn, waited_label,
 };
 pub use self::sink::MetricsSink;
 use crate::{
+    model::fault::FaultKind,
     model::observed::CpuSamples,
     model::{labels::ProcessLabels, observed::FailureReason},
 };
@@ -234,7 +234,10 @@ impl Metrics {
         );
         r.register(
             "cpu_samples",
-            "CPU-clock samples (99 Hz per CPU) that landed in traced processes: the denominator of the stack growth share",
+            format!(
+                "CPU-clock samples ({} Hz per CPU) that landed in traced processes: the denominator of the stack growth share",
+                crate::kernel::stacks::SAMPLE_HZ
+            ),
             m.cpu_samples.clone(),
         );
         r.register(
@@ -384,12 +387,12 @@ impl Metrics {
 
     /// `n` faults outside pauses that the kernel counted but whose events
     /// were shed: counted in `major_faults_total` (no wait observed).
-    pub fn faults_shed(&self, labels: &ProcessLabels, backing: Backing, n: u64) {
+    pub fn faults_shed(&self, labels: &ProcessLabels, backing: FaultKind, n: u64) {
         self.major_faults
             .get_or_create(&FaultLabels {
                 process: labels.clone(),
                 in_pause: bool_label(false),
-                backing: backing_label(backing),
+                backing: backing.backing_label(),
             })
             .inc_by(n);
     }
@@ -400,7 +403,7 @@ impl Metrics {
             .get_or_create(&FaultLabels {
                 process: labels.clone(),
                 in_pause,
-                backing: backing_label(f.backing),
+                backing: f.backing.backing_label(),
             })
             .inc();
         self.fault_wait
@@ -478,7 +481,7 @@ impl Metrics {
             });
         }
         for in_pause in [true, false].map(bool_label) {
-            for backing in Backing::ALL.map(backing_label) {
+            for backing in FaultKind::ALL.map(FaultKind::backing_label) {
                 self.major_faults.remove(&FaultLabels {
                     process: labels.clone(),
                     in_pause,

@@ -1,6 +1,8 @@
 //! What one metric update is made of: the parts of a pause, a fault or a
 //! stack-growth sample that the Prometheus series record.
 
+use crate::model::fault::FaultKind;
+
 /// One stop-the-world pause that ended.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PauseObservation {
@@ -26,28 +28,6 @@ pub enum WaitedOn {
     Other,
 }
 
-/// What backed the faulted page.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Backing {
-    Swap,
-    File,
-    /// The backend cannot tell (no `filemap:mm_filemap_fault`).
-    Unknown,
-}
-
-impl Backing {
-    pub const ALL: [Backing; 3] = [Backing::Swap, Backing::File, Backing::Unknown];
-}
-
-/// The `backing` label value.
-pub fn backing_label(b: Backing) -> &'static str {
-    match b {
-        Backing::Swap => "swap",
-        Backing::File => "file",
-        Backing::Unknown => "unknown",
-    }
-}
-
 /// The `waited_on` label value.
 pub fn waited_label(w: WaitedOn) -> &'static str {
     match w {
@@ -61,7 +41,7 @@ pub fn waited_label(w: WaitedOn) -> &'static str {
 pub struct FaultObservation {
     /// The fault began inside a stop-the-world pause of its process.
     pub in_pause: bool,
-    pub backing: Backing,
+    pub backing: FaultKind,
     /// Time blocked inside the fault.
     pub wait_ns: u64,
     pub waited_on: WaitedOn,

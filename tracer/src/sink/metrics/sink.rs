@@ -9,7 +9,7 @@ use tracer_common::{counters::Counter, fault::FaultTally};
 
 use super::{
     Metrics,
-    observe::{Backing, FaultObservation, PauseObservation, StackGrowthObservation, WaitedOn},
+    observe::{FaultObservation, PauseObservation, StackGrowthObservation, WaitedOn},
 };
 use crate::{
     model::labels::ProcessLabels,
@@ -49,11 +49,7 @@ impl std::ops::Deref for MetricsSink {
 pub fn fault_observation(f: &Fault, in_pause: bool) -> FaultObservation {
     FaultObservation {
         in_pause,
-        backing: match f.kind {
-            FaultKind::FileBacked => Backing::File,
-            FaultKind::SwapIn => Backing::Swap,
-            FaultKind::Unknown => Backing::Unknown,
-        },
+        backing: f.kind,
         wait_ns: f.blocked_ns,
         waited_on: if f.waited_on_other() {
             WaitedOn::Other
@@ -90,15 +86,15 @@ impl MetricsSink {
         let last = self.shed_last.entry(pid).or_default();
         let new = [
             (
-                Backing::File,
+                FaultKind::FileBacked,
                 now.file_backed.saturating_sub(last.file_backed),
             ),
-            (Backing::Swap, now.swap_in.saturating_sub(last.swap_in)),
+            (FaultKind::SwapIn, now.swap_in.saturating_sub(last.swap_in)),
             (
                 if self.file_faults_seen {
-                    Backing::Swap
+                    FaultKind::SwapIn
                 } else {
-                    Backing::Unknown
+                    FaultKind::Unknown
                 },
                 now.unknown_kind.saturating_sub(last.unknown_kind),
             ),

@@ -40,7 +40,7 @@ fn series_have_base_units_and_vanish_with_their_processes() {
         &a,
         &FaultObservation {
             in_pause: true,
-            backing: Backing::Swap,
+            backing: FaultKind::SwapIn,
             wait_ns: 2_000_000,
             waited_on: WaitedOn::Other,
         },

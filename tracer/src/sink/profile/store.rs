@@ -22,8 +22,8 @@ use crate::{
         debug_pprof::MAX_SECONDS,
         pprof::{Label, Location, MappingInfo},
         profiles::{
-            Backing, FaultPause, FaultProfile, FaultRecord, GrowthProfile, GrowthRecord,
-            ProfileInfo, ProfileKind, StackGrowthMode,
+            FaultPause, FaultProfile, FaultRecord, GrowthProfile, GrowthRecord, ProfileInfo,
+            ProfileKind, StackGrowthMode,
         },
     },
     image::Frame,
@@ -416,7 +416,7 @@ impl Snapshot {
                         let record = FaultRecord {
                             stack,
                             duration_ns: 0,
-                            backing: backing(kind),
+                            backing: kind,
                             pause: pause.map(|p| FaultPause {
                                 reason: p.reason,
                                 by_stopper: p.by_stopper,
@@ -444,15 +444,6 @@ impl Snapshot {
             ProfileKind::Faults => faults.encode_gzip(),
             ProfileKind::StackGrowth => growth.encode_gzip(),
         }
-    }
-}
-
-/// The `backing` label of a fault kind.
-pub fn backing(kind: FaultKind) -> Backing {
-    match kind {
-        FaultKind::SwapIn => Backing::Swap,
-        FaultKind::FileBacked => Backing::File,
-        FaultKind::Unknown => Backing::Unknown,
     }
 }
 
