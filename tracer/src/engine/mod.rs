@@ -47,6 +47,7 @@ use crate::{
     targets::{
         Changes, Target,
         cpu_throttle::ThrottleWatch,
+        process::is_gone,
         tracker::{Kernel, Limits, NotTraced, Tracker},
     },
 };
@@ -182,18 +183,17 @@ struct GoroutineCount {
 }
 
 impl GoroutineCount {
-    /// Said once, when the process is done with and no count was read: the
-    /// summary says only that the count is unknown.
+    /// Said once, when the process is done with and no count was read
+    /// while it could be (the summary says only that the count is
+    /// unknown); a process gone too soon is not news.
     fn say_why_none(&self, pid: u32) {
-        if self.sent > 0 {
-            return;
-        }
-        let why = match (&self.watch, &self.failure) {
-            (Some(watch), _) => watch.why_no_peak(),
-            (None, Some(failure)) => failure.clone(),
-            (None, None) => return,
+        let why = match &self.watch {
+            Some(watch) => watch.why_no_peak(),
+            None => self.failure.clone(),
         };
-        log::warn!("pid {pid}: goroutine count not read: {why}");
+        if let Some(why) = why {
+            log::warn!("pid {pid}: goroutine count not read: {why}");
+        }
     }
 }
 
@@ -553,7 +553,8 @@ impl Engine {
                 // Retried until the process has mapped its executable.
                 match GoroutineWatch::start(&ProcessImage::new(info.pid, image.clone())) {
                     Ok(watch) => count.watch = Some(watch),
-                    Err(why) => count.failure = Some(why),
+                    // Only a failure of a live process says something.
+                    Err(why) => count.failure = (!is_gone(info.pid)).then_some(why),
                 }
             }
             let Some(n) = count.watch.as_ref().and_then(GoroutineWatch::peak) else {

@@ -117,10 +117,7 @@ impl GoroutineWatch {
         let (sh, st) = (shared.clone(), stop.clone());
         std::thread::Builder::new()
             .name("gostw-goroutines".into())
-            .spawn(move || {
-                target.sample(&sh, &st, last);
-                sh.ended.store(true, Ordering::Relaxed);
-            })
+            .spawn(move || target.sample(&sh, &st, last))
             .map_err(|e| format!("no sampling thread: {e}"))?;
         Ok(GoroutineWatch {
             sampler: Sampler { shared, stop },
@@ -140,21 +137,14 @@ impl GoroutineWatch {
         (n > 0).then_some(n)
     }
 
-    /// Why there is no peak yet, in words (for a process that ends
-    /// without one).
-    pub fn why_no_peak(&self) -> String {
-        let s = &self.sampler.shared;
-        format!(
-            "{} complete walk(s) of allgs found no goroutine alive, {} left \
-             incomplete{}",
-            s.complete.load(Ordering::Relaxed),
-            s.incomplete.load(Ordering::Relaxed),
-            if s.ended.load(Ordering::Relaxed) {
-                "; the process could no longer be read"
-            } else {
-                ""
-            }
-        )
+    /// Why there is no peak, in words, where that is news: complete walks
+    /// of `allgs` that found no goroutine alive. None with a peak, and
+    /// where the walks were only incomplete (said when it happened) or the
+    /// process went before the first (nothing to say).
+    pub fn why_no_peak(&self) -> Option<String> {
+        let complete = self.sampler.shared.complete.load(Ordering::Relaxed);
+        (self.peak().is_none() && complete > 0)
+            .then(|| format!("{complete} complete walk(s) of allgs found no goroutine alive"))
     }
 
     /// Samples left incomplete so far, because pages they needed were not
@@ -214,8 +204,6 @@ struct Shared {
     absent_pages: AtomicU64,
     /// Complete samples taken.
     complete: AtomicU64,
-    /// The sampling thread stopped on its own (the process unreadable).
-    ended: AtomicBool,
 }
 
 impl Shared {
