@@ -11,18 +11,21 @@
 //! - `correlate`: which faults belong to which pause (the one rule).
 //! - `stream`: the pure pipeline; `observed`: what it produces;
 //!   `annotate`: what the `/proc` watches (throttling, exposure) add to it.
+//! - `changes`: a target's changes applied to the tracker and the stream;
+//!   `goroutines`: the goroutine counts of a one-process trace.
 
 pub mod annotate;
 pub mod breakdown;
 pub mod caller;
+mod changes;
 pub mod correlate;
 pub mod event;
 pub mod explain;
+mod goroutines;
 pub mod reader;
 pub mod stream;
 
 use std::{
-    collections::HashMap,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -30,25 +33,24 @@ use std::{
 use anyhow::Context as _;
 use tokio::signal::unix::{SignalKind, signal};
 
+pub use self::changes::apply;
 use self::{
+    goroutines::GoroutineCounts,
     reader::EventReader,
     stream::{Stream, StreamOptions},
 };
 use crate::{
     clock::{WallClock, monotonic_ns},
-    image::ProcessImage,
     kernel::{Core, CoreOptions},
     memory::watch::ExposureWatch,
     model::{
         backend::{BackendChoice, HostLimits},
         observed::{Observed, Sink},
     },
-    stackgrowth::goroutines::GoroutineWatch,
     targets::{
         Changes, Target,
         cpu_throttle::ThrottleWatch,
-        process::is_gone,
-        tracker::{Kernel, Limits, NotTraced, Tracker},
+        tracker::{Limits, Tracker},
     },
 };
 
@@ -60,50 +62,6 @@ const BATCH: usize = 4096;
 
 /// How often the counts and health of a host target are read.
 const HOST_COUNTS_PERIOD: Duration = Duration::from_secs(1);
-
-/// Apply `changes` of a target: exit statuses, exited processes (their
-/// pauses and faults released first, then untraced), new processes traced.
-/// With `single` (a one-process target), why its process is not traced.
-pub fn apply<K: Kernel>(
-    tracker: &mut Tracker<K>,
-    stream: &mut Stream,
-    changes: Changes,
-    single: bool,
-    out: &mut Vec<Observed>,
-) -> Option<anyhow::Error> {
-    for (pid, code) in changes.statuses {
-        out.push(Observed::ExitStatus { pid, code });
-    }
-    for pid in changes.exited {
-        stream.exited(pid, out);
-        tracker.exited(pid, out);
-    }
-    let mut failure = None;
-    for (p, path) in &changes.started {
-        let before = out.len();
-        let traced = tracker.started(p, path, out);
-        for o in &out[before..] {
-            if let Observed::Started(info) = o {
-                stream.started(info);
-            }
-        }
-        match traced {
-            Ok(()) => {}
-            Err(NotTraced::NotGo) if single => {
-                failure = Some(anyhow::anyhow!(
-                    "pid {} ({}) is not a Go program: gostw traces Go programs (Go 1.19 or later)",
-                    p.pid,
-                    p.exe_path.display()
-                ));
-            }
-            Err(why) if single => {
-                failure = Some(anyhow::anyhow!("cannot trace pid {}: {why}", p.pid));
-            }
-            Err(_) => {}
-        }
-    }
-    failure
-}
 
 /// What woke the loop.
 /// Sleep until CLOCK_MONOTONIC `at_ns` (forever for `None`).
@@ -154,10 +112,8 @@ pub struct Engine {
     started: Instant,
     announced_backend: bool,
     sampling: bool,
-    /// Goroutine counts being sampled, per process (stack growth of a
-    /// one-process trace: the sampling thread costs up to ~5% of a CPU), and
-    /// the last peak sent.
-    goroutines: HashMap<u32, GoroutineCount>,
+    /// Goroutine counts of a one-process trace with stack growth.
+    goroutines: GoroutineCounts,
     stacks: bool,
     /// Pauses are explained: report CPU cgroup throttling too.
     explain: bool,
@@ -171,30 +127,6 @@ pub struct Engine {
     /// Pauses are explained and the host hides kernel addresses.
     symbols_hidden: bool,
     out: Vec<Observed>,
-}
-
-/// A one-process trace's goroutine count: its watch once started, why it
-/// has not started (yet), and the last peak sent.
-#[derive(Debug, Default)]
-struct GoroutineCount {
-    watch: Option<GoroutineWatch>,
-    failure: Option<String>,
-    sent: u64,
-}
-
-impl GoroutineCount {
-    /// Said once, when the process is done with and no count was read
-    /// while it could be (the summary says only that the count is
-    /// unknown); a process gone too soon is not news.
-    fn say_why_none(&self, pid: u32) {
-        let why = match &self.watch {
-            Some(watch) => watch.why_no_peak(),
-            None => self.failure.clone(),
-        };
-        if let Some(why) = why {
-            log::warn!("pid {pid}: goroutine count not read: {why}");
-        }
-    }
 }
 
 impl Engine {
@@ -230,7 +162,7 @@ impl Engine {
             started: Instant::now(),
             announced_backend: false,
             sampling: false,
-            goroutines: HashMap::new(),
+            goroutines: GoroutineCounts::default(),
             stacks: opts.stacks.is_some(),
             explain: opts.explain,
             throttle: ThrottleWatch::default(),
@@ -439,9 +371,7 @@ impl Engine {
     /// End the trace: every event in, every process released and untraced,
     /// final counts out.
     pub fn finish(&mut self, sink: &mut dyn Sink) {
-        for (pid, count) in self.goroutines.drain() {
-            count.say_why_none(pid);
-        }
+        self.goroutines.finish();
         self.drain();
         self.cost.read_next_now();
         self.emit_health();
@@ -497,9 +427,7 @@ impl Engine {
             self.drain();
         }
         for pid in &changes.exited {
-            if let Some(count) = self.goroutines.remove(pid) {
-                count.say_why_none(*pid);
-            }
+            self.goroutines.exited(*pid);
         }
         let single = target.single().is_some();
         let changes_scanned = changes.scanned;
@@ -546,28 +474,7 @@ impl Engine {
     }
 
     fn read_goroutines(&mut self) {
-        for info in self.tracker.infos() {
-            let Some(image) = &info.image else { continue };
-            let count = self.goroutines.entry(info.pid).or_default();
-            if count.watch.is_none() {
-                // Retried until the process has mapped its executable.
-                match GoroutineWatch::start(&ProcessImage::new(info.pid, image.clone())) {
-                    Ok(watch) => count.watch = Some(watch),
-                    // Only a failure of a live process says something.
-                    Err(why) => count.failure = (!is_gone(info.pid)).then_some(why),
-                }
-            }
-            let Some(n) = count.watch.as_ref().and_then(GoroutineWatch::peak) else {
-                continue;
-            };
-            if n > count.sent {
-                count.sent = n;
-                self.out.push(Observed::Goroutines {
-                    pid: info.pid,
-                    peak: n,
-                });
-            }
-        }
+        self.goroutines.read(self.tracker.infos(), &mut self.out);
     }
 
     fn emit_health(&mut self) {
