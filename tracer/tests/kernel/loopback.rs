@@ -13,30 +13,33 @@ pub fn free_port() -> u16 {
 
 /// Call `f` every 100 ms until it returns something; panic after `timeout`.
 pub fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_showing(what, timeout, || f().ok_or_else(String::new))
 }
 
-/// As [`wait_until`], with what `f` last saw (its `Err`) in the panic.
+/// As [`wait_until`], with what `f` last saw (its `Err`, when not empty)
+/// in the panic.
 pub fn wait_showing<T>(
     what: &str,
     timeout: Duration,
     mut f: impl FnMut() -> Result<T, String>,
 ) -> T {
-    let mut seen = String::new();
-    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_until(what, timeout, || f().map_err(|e| seen = e).ok())
-    }));
-    got.unwrap_or_else(|_| panic!("{what}: last seen:\n{seen}"))
+    let deadline = Instant::now() + timeout;
+    loop {
+        let seen = match f() {
+            Ok(v) => return v,
+            Err(seen) => seen,
+        };
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}{}",
+            if seen.is_empty() {
+                String::new()
+            } else {
+                format!("; last seen:\n{seen}")
+            }
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// `requests` GETs of `path` on `port` from `threads` threads at once, one
