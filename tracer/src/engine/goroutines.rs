@@ -29,7 +29,7 @@ struct GoroutineCount {
 
 impl GoroutineCounts {
     /// Start the watches of `infos` not watched yet (retried until the
-    /// process has mapped its executable) and send each peak that rose.
+    /// process runs its executable) and send each peak that rose.
     pub fn read(&mut self, infos: Vec<Arc<ProcessInfo>>, out: &mut Vec<Observed>) {
         for info in infos {
             let Some(image) = &info.image else { continue };

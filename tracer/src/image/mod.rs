@@ -176,6 +176,13 @@ impl ProcessImage {
         Ok(p)
     }
 
+    /// Whether the process runs this executable now: not before its exec
+    /// (a program started under gostw is a shell until it is let go, and a
+    /// non-PIE image's addresses need no map to be computed).
+    pub fn runs_exe(&self) -> bool {
+        ExeId::of(Path::new(&format!("/proc/{}/exe", self.pid))).is_ok_and(|id| id == self.exe.id)
+    }
+
     /// The load bias, reading `/proc/PID/maps` if it is not known yet.
     pub fn bias(&self) -> Option<u64> {
         self.read_bias().ok()

@@ -58,8 +58,8 @@ const MAX_WALK: u64 = 4 << 20;
 /// within a millisecond: sparser reads miss its peak.
 const MIN_PAUSE: Duration = Duration::from_micros(200);
 const MAX_PAUSE: Duration = Duration::from_secs(2);
-/// Pause after an incomplete sample: pages in swap stay there a while, and
-/// asking again every millisecond would only spend CPU.
+/// Pause after an incomplete sample or a failed walk: pages in swap stay
+/// there a while, and asking again every millisecond would only spend CPU.
 const INCOMPLETE_PAUSE: Duration = Duration::from_millis(50);
 /// `_Gdead`, and the `_Gscan` bit (runtime2.go, 1.19-1.27).
 const G_DEAD: u32 = 6;
@@ -86,6 +86,12 @@ impl GoroutineWatch {
             .allglen()
             .ok_or("runtime.allglen was not found in the executable")?;
         let pid = process.pid;
+        // Checked before the files are opened: they stay bound to the
+        // memory the process has when they are (a watch opened before the
+        // exec would read the shell's, never a goroutine).
+        if !process.runs_exe() {
+            return Err("the process does not run the executable yet (before its exec)".into());
+        }
         let offset = |field: &str| {
             binary
                 .struct_offsets()
@@ -138,13 +144,24 @@ impl GoroutineWatch {
     }
 
     /// Why there is no peak, in words, where that is news: complete walks
-    /// of `allgs` that found no goroutine alive. None with a peak, and
-    /// where the walks were only incomplete (said when it happened) or the
-    /// process went before the first (nothing to say).
+    /// of `allgs` that found no goroutine alive, or walks that could not
+    /// read the process. None with a peak, and where the walks were only
+    /// incomplete (said when it happened).
     pub fn why_no_peak(&self) -> Option<String> {
-        let complete = self.sampler.shared.complete.load(Ordering::Relaxed);
-        (self.peak().is_none() && complete > 0)
-            .then(|| format!("{complete} complete walk(s) of allgs found no goroutine alive"))
+        let s = &self.sampler.shared;
+        let (complete, failed) = (
+            s.complete.load(Ordering::Relaxed),
+            s.failed.load(Ordering::Relaxed),
+        );
+        if self.peak().is_some() {
+            None
+        } else if complete > 0 {
+            Some(format!(
+                "{complete} complete walk(s) of allgs found no goroutine alive"
+            ))
+        } else {
+            (failed > 0).then(|| format!("{failed} walk(s) of allgs could not read the process"))
+        }
     }
 
     /// Samples left incomplete so far, because pages they needed were not
@@ -204,6 +221,8 @@ struct Shared {
     absent_pages: AtomicU64,
     /// Complete samples taken.
     complete: AtomicU64,
+    /// Walks that could not read the process.
+    failed: AtomicU64,
 }
 
 impl Shared {
@@ -278,13 +297,17 @@ impl Target {
         Some(alive)
     }
 
-    /// Count until told to stop or the process is gone, keeping the peak;
-    /// `last`: what the first count saw.
+    /// Count until told to stop, keeping the peak; `last`: what the first
+    /// count saw. A walk that fails (the process exiting, a read between
+    /// two states of the runtime) is counted and tried again later: the
+    /// watch is dropped when its process is done with.
     fn sample(&self, shared: &Shared, stop: &AtomicBool, mut last: LastWalk) {
         while !stop.load(Ordering::Relaxed) {
             let started = Instant::now();
             let Some(s) = self.count(&mut last, shared) else {
-                return;
+                shared.failed.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(INCOMPLETE_PAUSE);
+                continue;
             };
             self.take(shared, s);
             let pause = (started.elapsed() * 20).clamp(MIN_PAUSE, MAX_PAUSE);

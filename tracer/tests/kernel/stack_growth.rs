@@ -441,3 +441,41 @@ fn stripped_server_goroutine_count_is_never_below_num_goroutine() {
         &s["stack_growth"]["recommendation"],
     );
 }
+
+#[test]
+fn goroutine_watch_starts_only_after_the_exec() {
+    require_root();
+    let go = newest_go();
+    let path = build_workload("stackgrowth", &go, "", &[]);
+    let image = tracer::image::ExecutableImage::open(&path).unwrap();
+    // Held before its exec, as `gostw run` and `gostw stacks --` hold a
+    // program while they attach: the pid is still the shell's. A watch
+    // opened now would read the shell's memory for as long as it lived (the
+    // files stay bound to it), and never find a goroutine.
+    let stopped = StoppedChild::spawn(
+        path.as_os_str(),
+        &["-mode", "batch", "-duration", "2s"].map(std::ffi::OsStr::new),
+        |c| {
+            c.stdout(Stdio::null());
+        },
+    )
+    .unwrap();
+    let process = tracer::image::ProcessImage::new(stopped.pid(), image);
+    let early = goroutines::GoroutineWatch::start(&process);
+    let mut child = stopped.resume().unwrap();
+    let why = early.expect_err("a watch started before the exec");
+    assert!(why.contains("before its exec"), "{why}");
+    // Once the program runs, the same start succeeds and counts.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let watch = loop {
+        match goroutines::GoroutineWatch::start(&process) {
+            Ok(w) => break w,
+            Err(e) if std::time::Instant::now() > deadline => panic!("no watch: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let peak = watch.peak();
+    child.wait().unwrap();
+    assert!(peak.is_some_and(|n| n >= 2), "peak {peak:?}");
+}

@@ -426,6 +426,11 @@ pub fn gostw_stdout(cmd: &mut std::process::Command, what: &str) -> String {
         .output()
         .expect("running gostw");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    // Shown with a test that fails later on what gostw printed.
+    eprint!(
+        "{what}: gostw's stderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         out.status.success(),
         "{what}: gostw failed ({}): {}\n{stdout}",
