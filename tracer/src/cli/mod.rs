@@ -13,6 +13,7 @@ pub mod pauses;
 pub mod policy;
 pub mod run;
 pub mod stacks;
+mod values;
 
 use std::{ffi::OsString, path::PathBuf, time::Duration};
 

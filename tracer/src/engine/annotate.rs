@@ -33,7 +33,9 @@ pub fn exposure(w: &mut ExposureWatch, out: &mut Vec<Observed>) {
     let mut i = 0;
     while i < out.len() {
         match &out[i] {
-            Observed::Started(info) => w.started(info.pid, info.image.clone()),
+            Observed::Started(info) => {
+                w.started(info.pid, info.image.as_ref().map(|i| i.exe.clone()));
+            }
             &Observed::Exited { pid, .. } => {
                 if let Some(r) = w.ended(pid) {
                     out.insert(i, Observed::Exposure(Arc::new(r)));

@@ -6,7 +6,6 @@
 use std::{collections::HashMap, sync::Arc};
 
 use crate::{
-    image::ProcessImage,
     model::observed::{Observed, ProcessInfo},
     stackgrowth::goroutines::GoroutineWatch,
     targets::process::is_gone,
@@ -35,7 +34,7 @@ impl GoroutineCounts {
             let Some(image) = &info.image else { continue };
             let count = self.counts.entry(info.pid).or_default();
             if count.watch.is_none() {
-                match GoroutineWatch::start(&ProcessImage::new(info.pid, image.clone())) {
+                match GoroutineWatch::start(image) {
                     Ok(watch) => count.watch = Some(watch),
                     // Only a failure of a live process says something; the
                     // same one again is not looked at twice.

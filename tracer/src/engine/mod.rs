@@ -397,6 +397,7 @@ impl Engine {
                 .is_none_or(|t| t.elapsed() >= HOST_COUNTS_PERIOD);
         if counts_due {
             self.counted = Some(Instant::now());
+            self.tracker.resolve_images();
             self.tracker.poll_counts(&mut self.out);
         }
         if self.stacks && target.single().is_some() {

@@ -85,7 +85,7 @@ pub struct Stream {
     pause_stacks: Option<Box<dyn StackSource>>,
     /// The backend marks every file-backed fault (see `Fault::from_event`).
     file_faults_seen: bool,
-    images: HashMap<u32, ProcessImage>,
+    images: HashMap<u32, Arc<ProcessImage>>,
     /// Symbolized fault stacks and their frames, per process and return
     /// addresses (at most `STACK_CACHE_MAX`).
     stack_cache: HashMap<(u32, Box<[u64]>), FaultStack>,
@@ -126,8 +126,7 @@ impl Stream {
     /// Symbolize faults of a new traced process with its image.
     pub fn started(&mut self, info: &ProcessInfo) {
         if let Some(image) = &info.image {
-            self.images
-                .insert(info.pid, ProcessImage::new(info.pid, image.clone()));
+            self.images.insert(info.pid, image.clone());
         }
     }
 
@@ -164,7 +163,11 @@ impl Stream {
                 fault.pcs = pcs;
                 self.correlator.fault(fault, out);
             }
-            Event::StackGrowth(ev) if self.opts.stacks => out.push(Observed::StackGrowth(ev)),
+            Event::StackGrowth(ev) if self.opts.stacks => {
+                // The sinks symbolize its frames with the bias resolved here.
+                self.image(ev.header.tgid);
+                out.push(Observed::StackGrowth(ev));
+            }
             Event::Fault(_) | Event::StackGrowth(_) => {
                 self.losses.unhandled += 1;
                 return;
@@ -194,7 +197,7 @@ impl Stream {
     /// What `explain::complete` needs of a pause's detail: the laggards'
     /// frames symbolized.
     fn explain_input(&self, tgid: u32, d: &PauseDetail) -> ExplainInput {
-        let image = self.images.get(&tgid);
+        let image = self.image(tgid);
         let n = (d.nlaggards as usize).min(d.laggards.len());
         let laggards = d.laggards[..n]
             .iter()
@@ -284,11 +287,19 @@ impl Stream {
         }
     }
 
+    /// The image of `tgid`, its load bias resolved (once: the process runs
+    /// while its events come in, and the sinks read the bias from here).
+    fn image(&self, tgid: u32) -> Option<&ProcessImage> {
+        let image = self.images.get(&tgid)?;
+        image.resolve();
+        Some(image)
+    }
+
     /// The symbolized caller stack of a pause's detail.
     fn caller(&self, tgid: u32, d: &PauseDetail) -> Vec<Frame> {
         let n = (d.caller_len as usize).min(d.caller.len());
         let rets = &d.caller[..n];
-        match self.images.get(&tgid) {
+        match self.image(tgid) {
             Some(image) => caller::goroutine_part(image.return_stack(rets, caller::MAX_FRAMES)),
             None => rets.iter().map(|&pc| Frame::unknown(pc)).collect(),
         }
@@ -309,7 +320,7 @@ impl Stream {
         if let Some(s) = self.stack_cache.get(&key) {
             return s.clone();
         }
-        let frames: Arc<[Frame]> = match self.images.get(&tgid) {
+        let frames: Arc<[Frame]> = match self.image(tgid) {
             Some(image) => image.stack(pcs, MAX_FRAMES).into(),
             None => pcs
                 .iter()

@@ -183,8 +183,16 @@ impl ProcessImage {
         ExeId::of(Path::new(&format!("/proc/{}/exe", self.pid))).is_ok_and(|id| id == self.exe.id)
     }
 
-    /// The load bias, reading `/proc/PID/maps` if it is not known yet.
+    /// The load bias, if known: resolved by `resolve` (the engine's and
+    /// the readers' part, while the process lives); the sinks that
+    /// symbolize with it only read it, and never `/proc`.
     pub fn bias(&self) -> Option<u64> {
+        self.bias.get().copied()
+    }
+
+    /// The load bias, reading `/proc/PID/maps` if it is not known yet (the
+    /// process must have mapped its executable).
+    pub fn resolve(&self) -> Option<u64> {
         self.read_bias().ok()
     }
 

@@ -24,7 +24,7 @@ use tracer_common::fault::programs;
 pub use crate::model::backend::{BackendChoice, FaultBackend, Support};
 
 /// `--fault-source`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FaultSource {
     /// kprobes when the kernel has them and the functions exist, else tracepoints.

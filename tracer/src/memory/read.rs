@@ -65,7 +65,7 @@ pub(super) fn read(
     let mut notes = Vec::new();
     let exe_inode = Some(exe.image.id.ino);
     // Through the one maps parser, as every front end reads the bias.
-    let bias = match ProcessImage::new(pid, exe.image.clone()).bias() {
+    let bias = match ProcessImage::new(pid, exe.image.clone()).resolve() {
         Some(b) => b,
         None => {
             notes.push("the executable's bss was not located: it is not mapped".into());

@@ -12,7 +12,7 @@ use tracer_common::{
 
 use super::{fault::Fault, losses::Losses, pause::PauseRecord};
 use crate::{
-    image::ExecutableImage,
+    image::ProcessImage,
     model::{
         backend::{BackendChoice, Degraded},
         labels::ProcessLabels,
@@ -29,8 +29,10 @@ pub struct ProcessInfo {
     pub labels: ProcessLabels,
     /// e.g. "go1.22.10".
     pub go_version: String,
-    /// The analysed executable (None only for test kernels).
-    pub image: Option<Arc<ExecutableImage>>,
+    /// The analysed executable as this process maps it (None only for test
+    /// kernels): the engine resolves its load bias while the process lives,
+    /// so a sink symbolizes without reading `/proc`.
+    pub image: Option<Arc<ProcessImage>>,
 }
 
 /// Whether a fault began inside a pause of its process.

@@ -332,11 +332,78 @@ fn records() -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// `gostw memory --json`, `gostw check --json` and an agent's slow-pause
+/// record, as values: every part of each (advice, a degraded feature with
+/// its why, labels).
+fn command_records() -> [serde_json::Value; 3] {
+    use crate::{
+        check::{CheckReport, Feature, Status},
+        memory::{Evidence, MemoryReport, SCHEMA_VERSION, advice},
+        model::backend::{BackendChoice, FaultBackend, Support},
+    };
+    let exposure = exposure(4 << 20, 0, None);
+    let host_swap = Some(HostSwap::delta(
+        &HostSwap::default(),
+        &HostSwap {
+            at_ns: 2_000_000_000,
+            pswpin: 900,
+            pswpout: 4000,
+            ..HostSwap::default()
+        },
+    ));
+    let evidence = Evidence {
+        host_swap,
+        ..Evidence::default()
+    };
+    let memory = MemoryReport {
+        schema_version: SCHEMA_VERSION,
+        advice: advice(&exposure, &evidence),
+        exposure,
+        host_swap,
+    };
+    assert!(!memory.advice.is_empty());
+    let support = |available| Support {
+        available,
+        detail: "evidence".into(),
+    };
+    let feature = |name, status| Feature {
+        name,
+        status,
+        programs: vec!["stw_stop".into()],
+        variants: vec!["stw_stop_compat".into()],
+    };
+    let check = CheckReport {
+        kernel: "6.1.0-50-cloud-amd64".into(),
+        btf: true,
+        root: true,
+        families: vec![("kprobes", true, "loads".into())],
+        fault_backend: BackendChoice {
+            backend: FaultBackend::Kprobe,
+            reason: "kprobes work".into(),
+            kprobes: support(true),
+            tracepoints: support(true),
+            file_faults_seen: true,
+        },
+        optional_tracepoints: vec![("sched:sched_waking", true)],
+        features: vec![
+            feature("pauses", Status::Works),
+            feature("kernel waits", Status::Degraded("what is lost".into())),
+        ],
+        exit_code: 1,
+    };
+    let slow = crate::sink::slow_pauses::SlowPause::new(&labels(), full_pause(42).record);
+    [
+        serde_json::to_value(memory).unwrap(),
+        serde_json::to_value(check).unwrap(),
+        serde_json::to_value(slow).unwrap(),
+    ]
+}
+
 #[test]
 fn every_json_field_is_in_the_json_reference() {
     let records = records();
     let mut keys = BTreeSet::new();
-    for r in &records {
+    for r in records.iter().chain(&command_records()) {
         json_keys(r, &mut keys);
     }
     let types: Vec<_> = records.iter().map(|r| r["type"].clone()).collect();
@@ -348,6 +415,9 @@ fn every_json_field_is_in_the_json_reference() {
         "advice",
         "stack_growth",
         "stops_counted",
+        "gc_metadata_reads",
+        "optional_tracepoints",
+        "why",
     ] {
         assert!(keys.contains(must), "{must} not in {keys:?}");
     }
@@ -382,4 +452,11 @@ fn each_check_fails_when_its_page_drops_a_name() {
     assert!(missing(&doc, &keys).is_empty());
     let doc = doc.replace("stops_counted", "");
     assert_eq!(missing(&doc, &keys), ["stops_counted"]);
+    // The commands' records are checked too.
+    command_records()
+        .iter()
+        .for_each(|r| json_keys(r, &mut keys));
+    let (_, doc) = page("json.md");
+    let doc = doc.replace("`optional_tracepoints`", "");
+    assert_eq!(missing(&doc, &keys), ["optional_tracepoints"]);
 }

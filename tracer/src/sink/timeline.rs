@@ -9,6 +9,7 @@
 use std::{
     collections::HashMap,
     io::{self, Write},
+    sync::Arc,
 };
 
 use serde_json::{Value, json};
@@ -29,7 +30,7 @@ use crate::{
 pub struct TimelineSink {
     writer: Option<TimelineWriter<Box<dyn Write>>>,
     error: Option<io::Error>,
-    images: HashMap<u32, Option<ProcessImage>>,
+    images: HashMap<u32, Option<Arc<ProcessImage>>>,
     pauses: u64,
 }
 
@@ -160,11 +161,7 @@ impl Sink for TimelineSink {
                     "{} (pid {}, {})",
                     info.labels.executable, info.pid, info.go_version
                 );
-                let image = info.image.clone().map(|i| ProcessImage::new(info.pid, i));
-                if let Some(i) = &image {
-                    let _ = i.bias();
-                }
-                self.images.insert(info.pid, image);
+                self.images.insert(info.pid, info.image.clone());
                 self.write(|w| w.process(info.pid, &name));
             }
             Observed::Pause(p) => {
@@ -185,12 +182,7 @@ impl Sink for TimelineSink {
                 }
             }
             Observed::Fault(f, m) => self.fault(f, *m == Membership::LateInPause),
-            Observed::StackGrowth(ev) => {
-                if let Some(Some(i)) = self.images.get(&ev.header.tgid) {
-                    let _ = i.bias();
-                }
-                self.growth(ev);
-            }
+            Observed::StackGrowth(ev) => self.growth(ev),
             Observed::Exited { pid, .. } => {
                 self.images.remove(pid);
             }

@@ -92,6 +92,9 @@ impl GoroutineWatch {
         if !process.runs_exe() {
             return Err("the process does not run the executable yet (before its exec)".into());
         }
+        process
+            .resolve()
+            .ok_or("the executable is not mapped yet")?;
         let offset = |field: &str| {
             binary
                 .struct_offsets()

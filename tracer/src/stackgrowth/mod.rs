@@ -21,7 +21,7 @@ pub use recommend::Recommendation;
 pub use symbolize::{NoSymbols, Symbolizer};
 
 /// How stack growth is observed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// CPU-clock samples that catch a thread copying a goroutine stack:

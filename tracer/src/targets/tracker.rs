@@ -18,7 +18,7 @@ use tracer_common::{
 
 use super::discovery::NewProcess;
 use crate::{
-    image::{ExeId, ExecutableImage},
+    image::{ExeId, ExecutableImage, ProcessImage},
     model::{
         labels::{self, OVERFLOW, ProcessLabels},
         observed::{CpuSamples, FailureReason, Observed, ProcessInfo},
@@ -225,6 +225,17 @@ impl<K: Kernel> Tracker<K> {
         self.processes.values().map(|p| p.info.clone()).collect()
     }
 
+    /// Resolve the load bias of every traced process not known yet (read
+    /// from its memory map once it runs its executable), for the sinks that
+    /// symbolize what the maps count: they never read `/proc` themselves.
+    pub fn resolve_images(&self) {
+        for p in self.processes.values() {
+            if let Some(image) = &p.info.image {
+                image.resolve();
+            }
+        }
+    }
+
     /// Labels of a traced process.
     pub fn labels(&self, pid: u32) -> Option<&ProcessLabels> {
         self.processes.get(&pid).map(|p| &p.info.labels)
@@ -384,7 +395,10 @@ impl<K: Kernel> Tracker<K> {
             exe: p.exe_path.clone(),
             labels,
             go_version: exe.go_version.clone(),
-            image: exe.image.clone(),
+            image: exe
+                .image
+                .clone()
+                .map(|i| Arc::new(ProcessImage::new(p.pid, i))),
         });
         out.push(Observed::Started(info.clone()));
         self.processes.insert(

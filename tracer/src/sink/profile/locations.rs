@@ -19,7 +19,7 @@ const PF_X: u32 = 1;
 /// The mapping of a traced executable's code, at link-time addresses, named
 /// by the path the process runs it from, with its build id.
 pub fn main_mapping(info: &ProcessInfo) -> Option<MappingInfo> {
-    let binary = &info.image.as_ref()?.binary;
+    let binary = &info.image.as_ref()?.exe.binary;
     let text = binary
         .load_segments()
         .iter()

@@ -55,21 +55,11 @@ pub enum GrowthCounting {
 /// A traced process as the collector knows it.
 struct Traced {
     labels: ProcessLabels,
-    image: Option<ProcessImage>,
+    image: Option<Arc<ProcessImage>>,
     growth: Option<GrowthSites>,
     /// The last pause released: (reason, stopping thread, start, end), for
     /// faults that began in it and came after its record.
     last_pause: Option<(&'static str, u32, u64, u64)>,
-}
-
-impl Traced {
-    /// Read the load bias while the process lives (a started program maps
-    /// its executable only after its exec).
-    fn keep_bias(&self) {
-        if let Some(image) = &self.image {
-            let _ = image.bias();
-        }
-    }
 }
 
 /// The sink that sums faults and stack growth into profile samples.
@@ -102,7 +92,7 @@ impl ProfileCollector {
         let Some(p) = self.processes.get(&f.tgid) else {
             return;
         };
-        let bias = p.image.as_ref().and_then(ProcessImage::bias);
+        let bias = p.image.as_ref().and_then(|i| i.bias());
         let tags = Tags::Fault {
             kind: f.kind,
             pause,
@@ -123,7 +113,7 @@ impl ProfileCollector {
         let Some(g) = p.growth.take() else { return };
         let mut store = lock(&self.store);
         for r in g.records() {
-            let stack = return_locations(p.image.as_ref(), &r.pcs);
+            let stack = return_locations(p.image.as_deref(), &r.pcs);
             let tags = Tags::Growth {
                 old_stack: r.old_stack,
                 new_stack: r.new_stack,
@@ -145,14 +135,13 @@ impl Sink for ProfileCollector {
                 self.lock().started(&info.labels, main_mapping(info));
                 let t = Traced {
                     labels: info.labels.clone(),
-                    image: info.image.clone().map(|i| ProcessImage::new(info.pid, i)),
+                    image: info.image.clone(),
                     growth: match self.growth {
                         GrowthCounting::Sites(mode) => Some(GrowthSites::new(mode)),
                         GrowthCounting::Events => None,
                     },
                     last_pause: None,
                 };
-                t.keep_bias();
                 self.processes.insert(info.pid, t);
             }
             Observed::Pause(p) => {
@@ -198,11 +187,10 @@ impl Sink for ProfileCollector {
                 let Some(p) = self.processes.get_mut(&ev.header.tgid) else {
                     return;
                 };
-                p.keep_bias();
                 match &mut p.growth {
                     Some(g) => g.add_event(ev),
                     None => {
-                        let stack = return_locations(p.image.as_ref(), growth_pcs(ev));
+                        let stack = return_locations(p.image.as_deref(), growth_pcs(ev));
                         let tags = Tags::Growth {
                             old_stack: ev.old_size,
                             new_stack: ev.new_size,
@@ -215,11 +203,6 @@ impl Sink for ProfileCollector {
             Observed::StackSites { pid, rows, .. } => {
                 if let Some(g) = self.processes.get_mut(pid).and_then(|p| p.growth.as_mut()) {
                     g.set_rows(rows);
-                }
-            }
-            Observed::Counts { pid, .. } => {
-                if let Some(p) = self.processes.get(pid) {
-                    p.keep_bias();
                 }
             }
             Observed::Exited { pid, .. } => {

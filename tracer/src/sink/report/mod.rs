@@ -171,7 +171,7 @@ pub struct Summary {
 /// Stack growth of one process, as the stream tells it.
 struct StackWatch {
     agg: StackGrowthAggregator,
-    image: Option<ProcessImage>,
+    image: Option<Arc<ProcessImage>>,
     samples: (u64, u64),
     peak_goroutines: Option<u64>,
 }
@@ -382,7 +382,7 @@ impl ReportSink {
             .map(|n| (n, "--goroutines"))
             .or(w.peak_goroutines.map(|n| (n, goroutines::SOURCE)));
         Some(match &w.image {
-            Some(image) => w.agg.summary(image, goroutines),
+            Some(image) => w.agg.summary(&**image, goroutines),
             None => w.agg.summary(&NoSymbols, goroutines),
         })
     }
@@ -455,11 +455,8 @@ impl Sink for ReportSink {
                 if let Some(f) = &mut self.faults {
                     f.process(info.pid);
                 }
-                if let (Some(image), Some(w)) = (info.image.clone(), self.stack_watch(info.pid)) {
-                    let p = ProcessImage::new(info.pid, image);
-                    // The load bias is readable only while the process lives.
-                    let _ = p.bias();
-                    w.image = Some(p);
+                if let (Some(image), Some(w)) = (&info.image, self.stack_watch(info.pid)) {
+                    w.image = Some(image.clone());
                 }
             }
             Observed::ExitStatus { pid, code } => {
@@ -487,10 +484,6 @@ impl Sink for ReportSink {
             Observed::StackGrowth(ev) => {
                 if let Some(w) = self.stack_watch(ev.header.tgid) {
                     w.agg.add_event(ev);
-                    // The process lives: its load bias can be read now.
-                    if let Some(image) = &w.image {
-                        let _ = image.bias();
-                    }
                 }
             }
             Observed::Counts {
@@ -504,9 +497,6 @@ impl Sink for ReportSink {
                     w.samples.0 += samples.all;
                     w.samples.1 += samples.stack_growth;
                     w.agg.set_cpu_samples(w.samples.0, w.samples.1, *sample_hz);
-                    if let Some(image) = &w.image {
-                        let _ = image.bias();
-                    }
                 }
             }
             Observed::FaultCounts { pid, counts } => {
