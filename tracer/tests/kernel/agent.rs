@@ -770,14 +770,18 @@ fn agent_exports_stack_growth_per_executable() {
         );
     }
     let started = Instant::now();
+    // The counts come from kernel maps read on the agent's tick, the sizes
+    // from events read from the ring buffer after it: a scrape can fall
+    // between the two, so both are waited for.
     let body = wait_until(
-        "stack growth samples of both executables",
+        "stack growth samples of both executables, with their stack sizes",
         patience(Duration::from_secs(90)),
         || {
             let (_, body) = http_get(port, "/metrics")?;
             let growth = scraped(&body, "gostw_stack_growth_samples_total", "sg-batch")?;
             let pool_cpu = scraped(&body, "gostw_cpu_samples_total", "sg-pool")?;
-            (growth >= 30.0 && pool_cpu >= 100.0).then_some(body)
+            let sized = scraped(&body, "gostw_stack_growth_old_size_bytes_count", "sg-batch")?;
+            (growth >= 30.0 && pool_cpu >= 100.0 && sized > 0.0).then_some(body)
         },
     );
     let get = |metric: &str, exe: &str| {

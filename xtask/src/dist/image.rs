@@ -20,7 +20,8 @@ use anyhow::{Context as _, bail, ensure};
 use gostw_scenario::loopback::{free_port, http_get, samples};
 
 use crate::{
-    cmd::{exec, step, workspace_root},
+    arch::Arch,
+    cmd::{exec, output, step, workspace_root},
     demo, go,
 };
 
@@ -39,9 +40,17 @@ fn tool(name: &str, dist: &Path) -> Command {
     c
 }
 
-/// Build the image from `binary`, save it as `gostw-VERSION-image.tar`, and
-/// check it runs as the DaemonSet runs it. Returns the archive.
-pub fn build_and_check(dist: &Path, binary: &Path, version: &str) -> anyhow::Result<PathBuf> {
+/// Build the image from `binary` (built for `arch`), save it as
+/// `gostw-VERSION-image.tar` (amd64) or `gostw-VERSION-arm64-image.tar`,
+/// and check it: the amd64 one runs as the DaemonSet runs it; the arm64 one
+/// (this host cannot run it) says arm64 and holds exactly that binary.
+/// Returns the archive.
+pub fn build_and_check(
+    dist: &Path,
+    binary: &Path,
+    version: &str,
+    arch: Arch,
+) -> anyhow::Result<PathBuf> {
     for t in ["buildah", "podman"] {
         ensure!(
             Command::new(t)
@@ -52,20 +61,32 @@ pub fn build_and_check(dist: &Path, binary: &Path, version: &str) -> anyhow::Res
             "{t} not found: `cargo xtask setup` installs Debian's buildah and podman"
         );
     }
-    let tag = format!("localhost/gostw:{version}");
+    let suffix = match arch {
+        Arch::Amd64 => String::new(),
+        Arch::Arm64 => format!("-{}", arch.name()),
+    };
+    let tag = format!("localhost/gostw:{version}{suffix}");
     let context = dist.join("image-context");
     let _ = fs::remove_dir_all(&context);
     fs::create_dir_all(&context)?;
     fs::copy(binary, context.join("gostw"))?;
     exec(
         tool("buildah", dist)
-            .args(["bud", "--quiet", "--file"])
+            .args([
+                "bud",
+                "--quiet",
+                "--arch",
+                arch.name(),
+                "--os",
+                "linux",
+                "--file",
+            ])
             .arg(workspace_root().join(DOCKERFILE))
             .args(["--tag", &tag])
             .arg(&context),
     )?;
     fs::remove_dir_all(&context)?;
-    let archive = dist.join(format!("gostw-{version}-image.tar"));
+    let archive = dist.join(format!("gostw-{version}{suffix}-image.tar"));
     let _ = fs::remove_file(&archive);
     exec(
         tool("podman", dist)
@@ -73,9 +94,65 @@ pub fn build_and_check(dist: &Path, binary: &Path, version: &str) -> anyhow::Res
             .arg(&archive)
             .arg(&tag),
     )?;
-    step("the image, run as the DaemonSet runs it");
-    run_as_daemonset(dist, &tag)?;
+    match arch {
+        Arch::Amd64 => {
+            step("the image, run as the DaemonSet runs it");
+            run_as_daemonset(dist, &tag)?;
+        }
+        Arch::Arm64 => {
+            step("the arm64 image: its architecture and its binary");
+            holds(dist, &tag, arch, binary)?;
+        }
+    }
     Ok(archive)
+}
+
+/// The image `tag` says it is for `arch` and its `/usr/bin/gostw` is
+/// `binary`, byte for byte (read from a container created, not started).
+fn holds(dist: &Path, tag: &str, arch: Arch, binary: &Path) -> anyhow::Result<()> {
+    let said = output(
+        tool("podman", dist)
+            .args(["image", "inspect", "--format", "{{.Os}}/{{.Architecture}}"])
+            .arg(tag),
+    )?;
+    ensure!(
+        said.trim() == format!("linux/{}", arch.name()),
+        "the image says {}, not linux/{}",
+        said.trim(),
+        arch.name()
+    );
+    let id = output(
+        tool("podman", dist)
+            .args(["create", "--arch", arch.name()])
+            .arg(tag),
+    )?;
+    let id = id.trim();
+    let copied = dist.join("image-binary");
+    let _ = fs::remove_file(&copied);
+    let cp = exec(
+        tool("podman", dist)
+            .arg("cp")
+            .arg(format!("{id}:/usr/bin/gostw"))
+            .arg(&copied),
+    );
+    let _ = tool("podman", dist)
+        .args(["rm", "--force", id])
+        .stdout(Stdio::null())
+        .status();
+    cp?;
+    let same = fs::read(&copied)? == fs::read(binary)?;
+    fs::remove_file(&copied)?;
+    ensure!(
+        same,
+        "the image's /usr/bin/gostw is not {}",
+        binary.display()
+    );
+    eprintln!(
+        "linux/{}, /usr/bin/gostw = {}",
+        arch.name(),
+        binary.display()
+    );
+    Ok(())
 }
 
 /// The capabilities the DaemonSet adds (its `add:` list).

@@ -103,10 +103,11 @@ pub fn artifacts(builds: &[(Arch, PathBuf)]) -> anyhow::Result<()> {
 
         step(&format!(".deb ({})", arch.name()));
         made.push(deb(arch, &root, &dist, &binary, &version)?);
-        if arch == Arch::Amd64 {
-            step("container image (buildah, deploy/Dockerfile)");
-            made.push(image::build_and_check(&dist, &binary, &version)?);
-        }
+        step(&format!(
+            "container image ({}: buildah, deploy/Dockerfile)",
+            arch.name()
+        ));
+        made.push(image::build_and_check(&dist, &binary, &version, arch)?);
         made.push(binary);
     }
     let made: Vec<String> = made.iter().map(|p| p.display().to_string()).collect();

@@ -71,12 +71,10 @@ pub const VM_TESTS: &[&str] = &[
 /// backend's page-out scenario, the tracepoint backend (its faults begun at
 /// the `PAGE_FAULTS` perf event: arm64 has no `exceptions:page_fault_*`)
 /// against the kprobes pause by pause, `check`, the agent tracing a process
-/// it learns of by exec notification, a run's own per-program cost. Not
+/// it learns of by exec notification and its stack growth per executable,
+/// a run's own per-program cost, sampled against exact stack growth. Not
 /// yet: the laggard test (passed 1 of 2 runs: once 22 of 29 slow pauses
-/// explained to 10% where it asks 80%), the sampled stack growth test
-/// (passed 2 of 3: once the peak goroutine count not read; a miss now says
-/// why), the agent's stack growth (samples counted per executable, but no
-/// stack-size histogram: no stack growth event reached the agent).
+/// explained to 10% where it asks 80%).
 pub const VM_TESTS_ARM64: &[&str] = &[
     "stw_probe::",
     "pauses::run_reports_every_pause_as_go_counts_it",
@@ -87,7 +85,9 @@ pub const VM_TESTS_ARM64: &[&str] = &[
     "backend_agreement::",
     "check::",
     "agent::exec_notifications_trace_new_processes_before_the_next_poll",
+    "agent::agent_exports_stack_growth_per_executable",
     "agent_cost::run_summary_reports_its_own_cost",
+    "stack_growth::sampled_and_exact_agree_on_the_top_site",
 ];
 
 /// Kernel tests that only the VM can run (they need kprobes or swap, which
