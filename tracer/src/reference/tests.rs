@@ -257,6 +257,19 @@ impl std::io::Write for Buf {
     }
 }
 
+/// The host's swap traffic over a 2 s trace.
+fn host_swap() -> crate::memory::HostSwapDelta {
+    HostSwap::delta(
+        &HostSwap::default(),
+        &HostSwap {
+            at_ns: 2_000_000_000,
+            pswpin: 900,
+            pswpout: 4000,
+            ..HostSwap::default()
+        },
+    )
+}
+
 /// Every JSON record `attach`/`run --json` prints, as values: a pause with
 /// every part, then the summary with faults, stack growth, exposure and
 /// advice.
@@ -275,15 +288,7 @@ fn records() -> Vec<serde_json::Value> {
         go_version: "go1.26.6".into(),
         image: None,
     })));
-    let host_swap = HostSwap::delta(
-        &HostSwap::default(),
-        &HostSwap {
-            at_ns: 2_000_000_000,
-            pswpin: 900,
-            pswpout: 4000,
-            ..HostSwap::default()
-        },
-    );
+    let host_swap = host_swap();
     for (at, h) in [(ReadAt::Start, None), (ReadAt::End, Some(host_swap))] {
         s.observe(&Observed::Exposure(Arc::new(ExposureReading {
             pid: 42,
@@ -342,15 +347,7 @@ fn command_records() -> [serde_json::Value; 3] {
         model::backend::{BackendChoice, FaultBackend, Support},
     };
     let exposure = exposure(4 << 20, 0, None);
-    let host_swap = Some(HostSwap::delta(
-        &HostSwap::default(),
-        &HostSwap {
-            at_ns: 2_000_000_000,
-            pswpin: 900,
-            pswpout: 4000,
-            ..HostSwap::default()
-        },
-    ));
+    let host_swap = Some(host_swap());
     let evidence = Evidence {
         host_swap,
         ..Evidence::default()
