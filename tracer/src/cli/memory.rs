@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use tracer::{
-    memory::{Evidence, Exposure, HostSwap, MemoryReport, SCHEMA_VERSION, advice, render_text},
+    memory::{Exposure, HostSwap, MemoryReport, render_text},
     units::parse_interval,
 };
 
@@ -41,16 +41,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         None => None,
     };
-    let evidence = Evidence {
-        host_swap,
-        ..Evidence::default()
-    };
-    let report = MemoryReport {
-        schema_version: SCHEMA_VERSION,
-        advice: advice(&exposure, &evidence),
-        exposure,
-        host_swap,
-    };
+    let report = MemoryReport::new(exposure, host_swap);
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

@@ -295,6 +295,23 @@ pub struct MemoryReport {
 /// The current JSON schema of `MemoryReport`.
 pub const SCHEMA_VERSION: u32 = 1;
 
+impl MemoryReport {
+    /// The report of `exposure`, with the host's swap traffic over the
+    /// interval as the advice's only evidence.
+    pub fn new(exposure: Exposure, host_swap: Option<HostSwapDelta>) -> MemoryReport {
+        let evidence = Evidence {
+            host_swap,
+            ..Evidence::default()
+        };
+        MemoryReport {
+            schema_version: SCHEMA_VERSION,
+            advice: advice(&exposure, &evidence),
+            exposure,
+            host_swap,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -343,21 +343,12 @@ fn records() -> Vec<serde_json::Value> {
 fn command_records() -> [serde_json::Value; 3] {
     use crate::{
         check::{CheckReport, Feature, Status},
-        memory::{Evidence, MemoryReport, SCHEMA_VERSION, advice},
+        memory::MemoryReport,
         model::backend::{BackendChoice, FaultBackend, Support},
     };
     let exposure = exposure(4 << 20, 0, None);
     let host_swap = Some(host_swap());
-    let evidence = Evidence {
-        host_swap,
-        ..Evidence::default()
-    };
-    let memory = MemoryReport {
-        schema_version: SCHEMA_VERSION,
-        advice: advice(&exposure, &evidence),
-        exposure,
-        host_swap,
-    };
+    let memory = MemoryReport::new(exposure, host_swap);
     assert!(!memory.advice.is_empty());
     let support = |available| Support {
         available,
