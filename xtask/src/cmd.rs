@@ -123,3 +123,39 @@ pub fn pip_install_all(requirements: &[&str], dir: &std::path::Path) -> anyhow::
             .args(requirements),
     )
 }
+
+/// Bytes free to an unprivileged writer on the filesystem holding `path`.
+pub fn free_bytes(path: &Path) -> anyhow::Result<u64> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a valid C string; statvfs fills `st` on success.
+    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("statvfs {}", path.display()));
+    }
+    // SAFETY: statvfs returned 0, so `st` is initialised.
+    let st = unsafe { st.assume_init() };
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+#[cfg(test)]
+mod room_tests {
+    use super::*;
+
+    #[test]
+    fn free_bytes_agrees_with_df() {
+        let out = Command::new("df")
+            .args(["--output=avail", "-B1", "/"])
+            .output()
+            .expect("df runs");
+        let df: u64 = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .nth(1)
+            .and_then(|l| l.trim().parse().ok())
+            .expect("df prints a byte count");
+        let ours = free_bytes(Path::new("/")).unwrap();
+        // Other writers move the figure between the two reads: 1% slack.
+        assert!(ours.abs_diff(df) <= df / 100 + (64 << 20), "ours {ours}, df {df}");
+    }
+}
