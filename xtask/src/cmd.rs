@@ -136,7 +136,7 @@ pub fn free_bytes(path: &Path) -> anyhow::Result<u64> {
     }
     // SAFETY: statvfs returned 0, so `st` is initialised.
     let st = unsafe { st.assume_init() };
-    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+    Ok(st.f_bavail * st.f_frsize)
 }
 
 #[cfg(test)]
@@ -156,6 +156,9 @@ mod room_tests {
             .expect("df prints a byte count");
         let ours = free_bytes(Path::new("/")).unwrap();
         // Other writers move the figure between the two reads: 1% slack.
-        assert!(ours.abs_diff(df) <= df / 100 + (64 << 20), "ours {ours}, df {df}");
+        assert!(
+            ours.abs_diff(df) <= df / 100 + (64 << 20),
+            "ours {ours}, df {df}"
+        );
     }
 }
