@@ -243,6 +243,42 @@ fn no_sink_reads_proc() {
     assert!(!reads_proc(&production_code("// \"/proc\"\nlet x = 1;")));
 }
 
+/// What symbolizing with a process's image looks like: its frame, stack
+/// and frame-size look-ups.
+fn symbolizes(code: &str) -> bool {
+    [
+        "frames_of_return(",
+        "max_frame_of_return(",
+        "return_stack(",
+        "image.stack(",
+        "image.frames(",
+        "Symbolizer for ProcessImage",
+    ]
+    .iter()
+    .any(|p| code.contains(p))
+}
+
+/// The engine names every address once (`engine::code`, fault stacks in
+/// the stream): a sink looks names up in the stream and never in an image.
+#[test]
+fn no_sink_symbolizes() {
+    let symbolizers: Vec<String> = modules_code()
+        .into_iter()
+        .filter(|(m, _, code)| (m == "sink" || m == "stackgrowth") && symbolizes(code))
+        .map(|(_, rel, _)| rel.display().to_string())
+        .collect();
+    assert!(
+        symbolizers.is_empty(),
+        "sink files symbolizing with an image: {symbolizers:?}"
+    );
+    // The check itself.
+    assert!(symbolizes(
+        "let f = image.and_then(|i| i.frames_of_return(pc).into_iter().next());"
+    ));
+    assert!(symbolizes("w.agg.summary(&**image, n)) // impl Symbolizer for ProcessImage"));
+    assert!(!symbolizes("let f = code.return_frames(pc);"));
+}
+
 /// The check itself, on code that breaks the rule in each way it can.
 #[test]
 fn an_import_from_above_fails_the_check() {

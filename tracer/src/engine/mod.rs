@@ -11,6 +11,7 @@
 //! - `correlate`: which faults belong to which pause (the one rule).
 //! - `stream`: the pure pipeline; `observed`: what it produces;
 //!   `annotate`: what the `/proc` watches (throttling, exposure) add to it.
+//! - `code`: stack growth's return addresses symbolized, once, for every sink.
 //! - `changes`: a target's changes applied to the tracker and the stream;
 //!   `goroutines`: the goroutine counts of a one-process trace.
 
@@ -18,6 +19,7 @@ pub mod annotate;
 pub mod breakdown;
 pub mod caller;
 mod changes;
+pub mod code;
 pub mod correlate;
 pub mod event;
 pub mod explain;
@@ -126,6 +128,8 @@ pub struct Engine {
     counted: Option<Instant>,
     /// Pauses are explained and the host hides kernel addresses.
     symbols_hidden: bool,
+    /// Symbolizes stack growth for the sinks.
+    code: code::GrowthCode,
     out: Vec<Observed>,
 }
 
@@ -170,6 +174,7 @@ impl Engine {
             cost: crate::bpf_stats::CostWatch::start(),
             counted: None,
             symbols_hidden: opts.explain && crate::procfs::kallsyms::host_addresses_hidden(),
+            code: code::GrowthCode::default(),
             out: Vec::new(),
         };
         if opts.faults.is_none() {
@@ -527,6 +532,7 @@ impl Engine {
         if let Some(w) = &mut self.exposure {
             annotate::exposure(w, &mut self.out);
         }
+        self.code.annotate(&mut self.out);
         sink.observe_all(&self.out);
         self.out.clear();
     }

@@ -164,9 +164,11 @@ impl Stream {
                 self.correlator.fault(fault, out);
             }
             Event::StackGrowth(ev) if self.opts.stacks => {
-                // The sinks symbolize its frames with the bias resolved here.
-                self.image(ev.header.tgid);
-                out.push(Observed::StackGrowth(ev));
+                // Its code is filled in on the way to the sinks (`code`).
+                out.push(Observed::StackGrowth {
+                    event: ev,
+                    code: Arc::default(),
+                });
             }
             Event::Fault(_) | Event::StackGrowth(_) => {
                 self.losses.unhandled += 1;
@@ -483,7 +485,7 @@ pub mod tests {
             }
         );
         assert_eq!(s.losses.lost(), 4);
-        assert!(matches!(out.last(), Some(Observed::StackGrowth(_))));
+        assert!(matches!(out.last(), Some(Observed::StackGrowth { .. })));
     }
 
     #[test]

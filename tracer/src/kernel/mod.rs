@@ -536,6 +536,7 @@ impl Kernel for Core {
                 pid,
                 rows,
                 observed: self.stack_observed().unwrap_or_default(),
+                code: Default::default(),
             }),
             Err(e) => log::warn!("reading the stack-growth sites of pid {pid}: {e:#}"),
         }

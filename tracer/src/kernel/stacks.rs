@@ -20,7 +20,7 @@ use tracer_common::{
 use super::object::Object;
 use crate::{
     binary::{COPYSTACK, GoBinary},
-    stackgrowth::{Mode, StackGrowthAggregator},
+    stackgrowth::Mode,
 };
 
 const EXACT_PROGRAM: &str = tracer_common::program_names::STACK_COPY;
@@ -246,26 +246,6 @@ impl StackGrowthProbes {
     pub fn observed(&self) -> (Duration, Duration) {
         let live = self.attached_since.map_or(Duration::ZERO, |s| s.elapsed());
         (self.started.elapsed(), self.attached_total + live)
-    }
-
-    /// Put what the kernel counted for `tgid` into `agg`.
-    pub fn collect(
-        &self,
-        programs: &Object,
-        tgid: u32,
-        agg: &mut StackGrowthAggregator,
-    ) -> anyhow::Result<()> {
-        agg.set_sites(site_counts(programs, tgid)?);
-        if self.opts.mode == Mode::Sampled {
-            agg.set_cpu_samples(
-                programs.probe_hits(tgid, Probe::CpuSample)?,
-                programs.probe_hits(tgid, Probe::StackCopySample)?,
-                self.opts.sample_hz,
-            );
-        }
-        let (elapsed, attached) = self.observed();
-        agg.set_observed(elapsed, attached);
-        Ok(())
     }
 
     /// Detach everything (also done when `Object` is dropped).

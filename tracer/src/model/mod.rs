@@ -12,6 +12,7 @@
 //!   duration in named parts;
 //! - `kernel_wait`: where in the kernel the threads that mattered slept;
 //! - `fault`: a major fault, its sites and its totals by pause phase;
+//! - `code`: the frames at stack-growth return addresses, symbolized once;
 //! - `observed`: the one stream the engine emits, and the process it names;
 //! - `labels`: a process's bounded series labels;
 //! - `backend`: the fault backend a trace uses and why;
@@ -20,6 +21,7 @@
 
 pub mod backend;
 pub mod breakdown;
+pub mod code;
 pub mod fault;
 pub mod kernel_wait;
 pub mod labels;

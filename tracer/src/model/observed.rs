@@ -10,7 +10,7 @@ use tracer_common::{
     stack::{StackGrowthEvent, StackSiteCounts, StackSiteKey},
 };
 
-use super::{fault::Fault, losses::Losses, pause::PauseRecord};
+use super::{code::Code, fault::Fault, losses::Losses, pause::PauseRecord};
 use crate::{
     image::ProcessImage,
     model::{
@@ -126,7 +126,12 @@ pub enum Observed {
     /// A major fault that is not part of a pause record.
     Fault(Fault, Membership),
     /// A stack growth event (exact) or sample (sampled).
-    StackGrowth(StackGrowthEvent),
+    StackGrowth {
+        event: StackGrowthEvent,
+        /// The code at its return addresses (filled by the engine before
+        /// any sink sees it).
+        code: Arc<Code>,
+    },
     /// Counts the kernel kept for a process, since the last `Counts`.
     Counts {
         pid: u32,
@@ -148,6 +153,8 @@ pub enum Observed {
         pid: u32,
         rows: Vec<(StackSiteKey, StackSiteCounts)>,
         observed: (std::time::Duration, std::time::Duration),
+        /// The code at the rows' sites and callers (filled by the engine).
+        code: Arc<Code>,
     },
     /// An executable could not be traced.
     AttachFailed(FailureReason),

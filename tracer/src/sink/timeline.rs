@@ -6,11 +6,7 @@
 //! the backend did not see the fault begin) and its stack growths as
 //! instants. Times are CLOCK_MONOTONIC, as in the records.
 
-use std::{
-    collections::HashMap,
-    io::{self, Write},
-    sync::Arc,
-};
+use std::io::{self, Write};
 
 use serde_json::{Value, json};
 use tracer_common::stack::{StackChange, StackGrowthEvent};
@@ -18,8 +14,8 @@ use tracer_common::stack::{StackChange, StackGrowthEvent};
 use super::Sink;
 use crate::{
     formats::timeline::{TimelineWriter, Track},
-    image::ProcessImage,
     model::{
+        code::Code,
         fault::{Fault, FaultKind, frame_label},
         observed::{Membership, Observed},
     },
@@ -30,7 +26,6 @@ use crate::{
 pub struct TimelineSink {
     writer: Option<TimelineWriter<Box<dyn Write>>>,
     error: Option<io::Error>,
-    images: HashMap<u32, Option<Arc<ProcessImage>>>,
     pauses: u64,
 }
 
@@ -47,7 +42,6 @@ impl TimelineSink {
         Ok(TimelineSink {
             writer: Some(w),
             error: None,
-            images: HashMap::new(),
             pauses: 0,
         })
     }
@@ -107,13 +101,12 @@ impl TimelineSink {
         });
     }
 
-    fn growth(&mut self, ev: &StackGrowthEvent) {
+    fn growth(&mut self, ev: &StackGrowthEvent, code: &Code) {
         let (pid, tid) = (ev.header.tgid, ev.header.tid);
-        let image = self.images.get(&pid).and_then(Option::as_ref);
         let frame = |pc: u64| {
-            image
-                .and_then(|i| i.frames_of_return(pc).into_iter().next())
-                .map_or_else(|| format!("{pc:#x}"), |f| f.to_string())
+            code.return_frames(pc)
+                .first()
+                .map_or_else(|| format!("{pc:#x}"), ToString::to_string)
         };
         let name = if ev.change == StackChange::Grow as u8 {
             format!(
@@ -161,7 +154,6 @@ impl Sink for TimelineSink {
                     "{} (pid {}, {})",
                     info.labels.executable, info.pid, info.go_version
                 );
-                self.images.insert(info.pid, info.image.clone());
                 self.write(|w| w.process(info.pid, &name));
             }
             Observed::Pause(p) => {
@@ -182,10 +174,7 @@ impl Sink for TimelineSink {
                 }
             }
             Observed::Fault(f, m) => self.fault(f, *m == Membership::LateInPause),
-            Observed::StackGrowth(ev) => self.growth(ev),
-            Observed::Exited { pid, .. } => {
-                self.images.remove(pid);
-            }
+            Observed::StackGrowth { event, code } => self.growth(event, code),
             _ => {}
         }
     }

@@ -385,8 +385,9 @@ mod tests {
     /// Symbols for made-up PCs: 0x1000.. deep, 0x2000.. task, 0x3000.. other.
     struct Fake;
     impl Symbolizer for Fake {
-        fn symbolize(&self, pc: u64) -> Option<Frame> {
-            let name = match pc >> 12 {
+        fn return_frame(&self, pc: u64) -> Option<Frame> {
+            // The call is the instruction before the return address.
+            let name = match pc.saturating_sub(1) >> 12 {
                 1 => "main.deep19k",
                 2 => "main.task",
                 3 => "main.other",

@@ -1,18 +1,19 @@
-//! What stack-growth aggregation needs to know about code: the frame of an
-//! address and the frame size of its function. A `ProcessImage` (the one
-//! symbolizer) provides it; tests provide fakes.
+//! What stack-growth aggregation needs to know about code: the frame of a
+//! return address and the frame size of its function. The engine's
+//! `model::code::Code` (what it symbolized, once) provides it; tests
+//! provide fakes.
 
-use crate::image::{Frame, ProcessImage};
+use crate::image::Frame;
 
-/// Maps a runtime PC of the traced process to a code location.
+/// Maps a return address of the traced process to a code location.
 pub trait Symbolizer {
-    /// The innermost frame (inlined calls included) of instruction address `pc`.
-    fn symbolize(&self, pc: u64) -> Option<Frame>;
+    /// The innermost frame (inlined calls included) of the call just before
+    /// return address `pc`.
+    fn return_frame(&self, pc: u64) -> Option<Frame>;
 
-    /// The frame of a return address (the call instruction is just before it).
+    /// That frame, or one named by the address.
     fn symbolize_return_address(&self, pc: u64) -> Frame {
-        self.symbolize(pc.saturating_sub(1))
-            .unwrap_or_else(|| Frame::unknown(pc))
+        self.return_frame(pc).unwrap_or_else(|| Frame::unknown(pc))
     }
 
     /// The most stack the function holding return address `pc` takes for its
@@ -26,17 +27,7 @@ pub trait Symbolizer {
 pub struct NoSymbols;
 
 impl Symbolizer for NoSymbols {
-    fn symbolize(&self, _pc: u64) -> Option<Frame> {
+    fn return_frame(&self, _pc: u64) -> Option<Frame> {
         None
-    }
-}
-
-impl Symbolizer for ProcessImage {
-    fn symbolize(&self, pc: u64) -> Option<Frame> {
-        self.frames(pc).into_iter().next()
-    }
-
-    fn max_frame(&self, pc: u64) -> Option<u64> {
-        self.max_frame_of_return(pc)
     }
 }

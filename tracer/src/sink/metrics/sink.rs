@@ -169,7 +169,7 @@ impl Sink for MetricsSink {
             Observed::Fault(f, membership) => {
                 self.fault(f, *membership == Membership::LateInPause);
             }
-            Observed::StackGrowth(ev) => {
+            Observed::StackGrowth { event: ev, .. } => {
                 if let Some(l) = self.labels(ev.header.tgid) {
                     m.stack_growth(
                         l,

@@ -14,7 +14,7 @@ use tracer_common::stack::{
     StackChange, StackGrowthEvent, StackSiteCounts, StackSiteKey, StackSource,
 };
 
-use super::locations::growth_pcs;
+use crate::model::code::growth_pcs;
 use crate::stackgrowth::Mode;
 
 /// Distinct full stacks kept per process; events of further stacks count at

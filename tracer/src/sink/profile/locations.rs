@@ -5,12 +5,10 @@
 
 use std::sync::Arc;
 
-use tracer_common::stack::StackGrowthEvent;
-
 use crate::{
     formats::pprof::{Location, MappingInfo},
-    image::{Frame, ProcessImage},
-    model::{fault::Fault, observed::ProcessInfo},
+    image::Frame,
+    model::{code::Code, fault::Fault, observed::ProcessInfo},
 };
 
 /// ELF `PF_X`: the executable segment.
@@ -63,24 +61,13 @@ pub fn fault_locations(f: &Fault, bias: Option<u64>) -> Vec<Location> {
     out
 }
 
-/// The goroutine stack of a stack-growth event (return addresses: the site
-/// that needed more stack, its caller, then a frame-pointer walk).
-pub fn growth_pcs(ev: &StackGrowthEvent) -> &[u64] {
-    let n = (ev.nframes as usize).min(ev.frames.len());
-    let pcs = &ev.frames[..n];
-    // The walk stops at the first zero.
-    let end = pcs.iter().position(|&pc| pc == 0).unwrap_or(pcs.len());
-    &pcs[..end]
-}
-
-/// Return addresses of a goroutine stack as locations, symbolized through
-/// the process's image (an address it does not know is one frame named by
-/// the address).
-pub fn return_locations(image: Option<&ProcessImage>, pcs: &[u64]) -> Vec<Location> {
-    let bias = image.and_then(ProcessImage::bias);
+/// Return addresses of a goroutine stack as locations, named from the
+/// engine's `code` (an address it does not know is one frame named by the
+/// address), at link-time addresses given the load `bias`.
+pub fn return_locations(code: &Code, bias: Option<u64>, pcs: &[u64]) -> Vec<Location> {
     pcs.iter()
         .map(|&pc| {
-            let frames = image.map_or_else(Vec::new, |i| i.frames_of_return(pc));
+            let frames = code.return_frames(pc).to_vec();
             Location {
                 address: link_address(pc, bias),
                 frames: if frames.is_empty() {
@@ -115,9 +102,10 @@ pub fn stack_bytes(stack: &[Location]) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use tracer_common::fault::FaultEvent;
+    use tracer_common::{fault::FaultEvent, stack::StackGrowthEvent};
 
     use super::*;
+    use crate::model::code::{ReturnCode, growth_pcs};
 
     fn frame(name: &str, inlined: bool) -> Frame {
         Frame {
@@ -158,8 +146,26 @@ mod tests {
         ev.nframes = 4;
         ev.frames[..4].copy_from_slice(&[1, 2, 0, 4]);
         assert_eq!(growth_pcs(&ev), [1, 2]);
-        let l = return_locations(None, growth_pcs(&ev));
+        let l = return_locations(&Code::default(), None, growth_pcs(&ev));
         assert_eq!(l[0].frames[0].function, "0x1");
         assert_eq!(l[0].address, 0);
+    }
+
+    #[test]
+    fn growth_locations_take_the_engine_s_frames() {
+        let mut code = Code::default();
+        code.insert(
+            0x10_1005,
+            ReturnCode {
+                frames: vec![frame("main.leaf", true), frame("main.work", false)].into(),
+                max_frame: None,
+            },
+        );
+        let l = return_locations(&code, Some(0x10_0000), &[0x10_1005, 0x10_2005]);
+        let names: Vec<&str> = l[0].frames.iter().map(|f| &f.function[..]).collect();
+        assert_eq!(names, ["main.leaf", "main.work"]);
+        assert_eq!(l[0].address, 0x1005);
+        // An address the engine did not name: one frame named by it.
+        assert_eq!(l[1].frames[0].function, "0x102005");
     }
 }

@@ -24,7 +24,7 @@ use std::{
 
 use self::{
     growth::GrowthSites,
-    locations::{fault_locations, growth_pcs, main_mapping, return_locations},
+    locations::{fault_locations, main_mapping, return_locations},
     store::{Encoding, PauseTag, Store, Tags},
 };
 use super::Sink;
@@ -33,6 +33,7 @@ use crate::{
     image::ProcessImage,
     model::labels::ProcessLabels,
     model::{
+        code::{Code, growth_pcs},
         fault::Fault,
         observed::{Membership, Observed},
     },
@@ -57,6 +58,9 @@ struct Traced {
     labels: ProcessLabels,
     image: Option<Arc<ProcessImage>>,
     growth: Option<GrowthSites>,
+    /// The code at the growth addresses seen (counted by sites, named at
+    /// the end), as the engine symbolized it.
+    code: Code,
     /// The last pause released: (reason, stopping thread, start, end), for
     /// faults that began in it and came after its record.
     last_pause: Option<(&'static str, u32, u64, u64)>,
@@ -111,9 +115,10 @@ impl ProfileCollector {
             return;
         };
         let Some(g) = p.growth.take() else { return };
+        let bias = p.image.as_ref().and_then(|i| i.bias());
         let mut store = lock(&self.store);
         for r in g.records() {
-            let stack = return_locations(p.image.as_deref(), &r.pcs);
+            let stack = return_locations(&p.code, bias, &r.pcs);
             let tags = Tags::Growth {
                 old_stack: r.old_stack,
                 new_stack: r.new_stack,
@@ -136,6 +141,7 @@ impl Sink for ProfileCollector {
                 let t = Traced {
                     labels: info.labels.clone(),
                     image: info.image.clone(),
+                    code: Code::default(),
                     growth: match self.growth {
                         GrowthCounting::Sites(mode) => Some(GrowthSites::new(mode)),
                         GrowthCounting::Events => None,
@@ -183,14 +189,18 @@ impl Sink for ProfileCollector {
                 };
                 self.fault(f, pause);
             }
-            Observed::StackGrowth(ev) => {
+            Observed::StackGrowth { event: ev, code } => {
                 let Some(p) = self.processes.get_mut(&ev.header.tgid) else {
                     return;
                 };
                 match &mut p.growth {
-                    Some(g) => g.add_event(ev),
+                    Some(g) => {
+                        g.add_event(ev);
+                        p.code.extend(code);
+                    }
                     None => {
-                        let stack = return_locations(p.image.as_deref(), growth_pcs(ev));
+                        let bias = p.image.as_ref().and_then(|i| i.bias());
+                        let stack = return_locations(code, bias, growth_pcs(ev));
                         let tags = Tags::Growth {
                             old_stack: ev.old_size,
                             new_stack: ev.new_size,
@@ -200,9 +210,14 @@ impl Sink for ProfileCollector {
                     }
                 }
             }
-            Observed::StackSites { pid, rows, .. } => {
-                if let Some(g) = self.processes.get_mut(pid).and_then(|p| p.growth.as_mut()) {
+            Observed::StackSites {
+                pid, rows, code, ..
+            } => {
+                if let Some(p) = self.processes.get_mut(pid)
+                    && let Some(g) = &mut p.growth
+                {
                     g.set_rows(rows);
+                    p.code.extend(code);
                 }
             }
             Observed::Exited { pid, .. } => {

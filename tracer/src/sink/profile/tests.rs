@@ -63,6 +63,14 @@ fn growth(site: u64, caller: u64, outer: u64) -> StackGrowthEvent {
     }
 }
 
+/// A growth event as the stream carries it (no code: addresses unnamed).
+fn grew(event: StackGrowthEvent) -> Observed {
+    Observed::StackGrowth {
+        event,
+        code: Default::default(),
+    }
+}
+
 fn s(p: &proto::Profile, i: i64) -> &str {
     &p.string_table[usize::try_from(i).unwrap()]
 }
@@ -120,9 +128,9 @@ fn a_recorded_stream_becomes_both_profiles() {
             Membership::LateInPause,
         ),
         Observed::Fault(fault(PID, 2_000 * MS, "main.load"), Membership::Outside),
-        Observed::StackGrowth(growth(0x10, 0x20, 0x30)),
-        Observed::StackGrowth(growth(0x10, 0x20, 0x30)),
-        Observed::StackGrowth(growth(0x10, 0x20, 0x40)),
+        grew(growth(0x10, 0x20, 0x30)),
+        grew(growth(0x10, 0x20, 0x30)),
+        grew(growth(0x10, 0x20, 0x40)),
         Observed::StackSites {
             pid: PID,
             rows: vec![(
@@ -143,6 +151,7 @@ fn a_recorded_stream_becomes_both_profiles() {
                 },
             )],
             observed: Default::default(),
+            code: Default::default(),
         },
         Observed::Exited {
             pid: PID,
@@ -201,10 +210,10 @@ fn events_counting_adds_samples_as_they_come() {
     let store = Arc::new(Mutex::new(Store::new()));
     let mut c = ProfileCollector::new(store.clone(), GrowthCounting::Events);
     c.observe(&Observed::Started(info()));
-    c.observe(&Observed::StackGrowth(growth(0x10, 0x20, 0x30)));
+    c.observe(&grew(growth(0x10, 0x20, 0x30)));
     let before = lock(&store).snapshot(ProfileKind::StackGrowth, |_| true);
-    c.observe(&Observed::StackGrowth(growth(0x10, 0x20, 0x30)));
-    c.observe(&Observed::StackGrowth(growth(0x10, 0x20, 0x40)));
+    c.observe(&grew(growth(0x10, 0x20, 0x30)));
+    c.observe(&grew(growth(0x10, 0x20, 0x40)));
     let now = lock(&store).snapshot(ProfileKind::StackGrowth, |_| true);
     assert_eq!(
         (before.total(), now.total(), now.since(&before).total()),
@@ -213,7 +222,7 @@ fn events_counting_adds_samples_as_they_come() {
     // Events of a process not traced are not anyone's.
     let mut other = growth(1, 2, 3);
     other.header.tgid = 99;
-    c.observe(&Observed::StackGrowth(other));
+    c.observe(&grew(other));
     assert_eq!(
         lock(&store)
             .snapshot(ProfileKind::StackGrowth, |_| true)

@@ -36,16 +36,16 @@ pub use self::{
 use super::Sink;
 use crate::{
     engine::correlate::CorrelatorStats,
-    image::ProcessImage,
     model::throttling::CpuThrottling,
     model::{
         backend::Degraded,
         breakdown::Breakdown,
+        code::Code,
         losses::Losses,
         observed::{Observed, ProcessInfo},
         pause::PauseRecord,
     },
-    stackgrowth::{Mode, NoSymbols, StackGrowthAggregator, StackGrowthSummary, goroutines},
+    stackgrowth::{Mode, StackGrowthAggregator, StackGrowthSummary, goroutines},
 };
 
 /// How many of each process's longest pauses the summary lists.
@@ -171,7 +171,8 @@ pub struct Summary {
 /// Stack growth of one process, as the stream tells it.
 struct StackWatch {
     agg: StackGrowthAggregator,
-    image: Option<Arc<ProcessImage>>,
+    /// The code at the addresses seen, as the engine symbolized it.
+    code: Code,
     samples: (u64, u64),
     peak_goroutines: Option<u64>,
 }
@@ -180,7 +181,7 @@ impl StackWatch {
     fn new(mode: Mode) -> StackWatch {
         StackWatch {
             agg: StackGrowthAggregator::new(mode),
-            image: None,
+            code: Code::default(),
             samples: (0, 0),
             peak_goroutines: None,
         }
@@ -381,10 +382,7 @@ impl ReportSink {
             .goroutines
             .map(|n| (n, "--goroutines"))
             .or(w.peak_goroutines.map(|n| (n, goroutines::SOURCE)));
-        Some(match &w.image {
-            Some(image) => w.agg.summary(&**image, goroutines),
-            None => w.agg.summary(&NoSymbols, goroutines),
-        })
+        Some(w.agg.summary(&w.code, goroutines))
     }
 
     /// Write the final report of the view.
@@ -455,9 +453,6 @@ impl Sink for ReportSink {
                 if let Some(f) = &mut self.faults {
                     f.process(info.pid);
                 }
-                if let (Some(image), Some(w)) = (&info.image, self.stack_watch(info.pid)) {
-                    w.image = Some(image.clone());
-                }
             }
             Observed::ExitStatus { pid, code } => {
                 if let Some((_, c)) = self.processes.iter_mut().find(|(i, _)| i.pid == *pid) {
@@ -481,9 +476,10 @@ impl Sink for ReportSink {
                     r.fault(f, *membership);
                 }
             }
-            Observed::StackGrowth(ev) => {
-                if let Some(w) = self.stack_watch(ev.header.tgid) {
-                    w.agg.add_event(ev);
+            Observed::StackGrowth { event, code } => {
+                if let Some(w) = self.stack_watch(event.header.tgid) {
+                    w.agg.add_event(event);
+                    w.code.extend(code);
                 }
             }
             Observed::Counts {
@@ -508,8 +504,10 @@ impl Sink for ReportSink {
                 pid,
                 rows,
                 observed,
+                code,
             } => {
                 if let Some(w) = self.stack_watch(*pid) {
+                    w.code.extend(code);
                     w.agg.set_sites(rows.iter().copied());
                     w.agg.set_observed(observed.0, observed.1);
                 }

@@ -1,0 +1,97 @@
+//! The code at the return addresses of a traced process's goroutine stacks,
+//! as the engine symbolized it once, with the load bias it resolved: every
+//! sink names stack-growth sites from here, never from an executable or
+//! `/proc`, so a recorded stream gives the same names later.
+
+use std::{collections::HashMap, sync::Arc};
+
+use tracer_common::stack::{StackGrowthEvent, StackSiteCounts, StackSiteKey};
+
+use crate::{image::Frame, stackgrowth::Symbolizer};
+
+/// What is at one return address.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReturnCode {
+    /// Frames of the call just before it, innermost (inlined) first; empty
+    /// when no table knows the address.
+    pub frames: Arc<[Frame]>,
+    /// The stack the function holding it takes for its own frame (Go's
+    /// `funcMaxSPDelta`), if known.
+    pub max_frame: Option<u64>,
+}
+
+/// Return addresses and their code.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Code(HashMap<u64, ReturnCode>);
+
+impl Code {
+    pub fn insert(&mut self, pc: u64, code: ReturnCode) {
+        self.0.insert(pc, code);
+    }
+
+    pub fn contains(&self, pc: u64) -> bool {
+        self.0.contains_key(&pc)
+    }
+
+    /// Frames of return address `pc`, innermost first (empty when unknown).
+    pub fn return_frames(&self, pc: u64) -> &[Frame] {
+        self.0.get(&pc).map_or(&[], |c| &c.frames[..])
+    }
+
+    /// The innermost frame of return address `pc`, or one named by the
+    /// address.
+    pub fn return_frame(&self, pc: u64) -> Frame {
+        self.return_frames(pc)
+            .first()
+            .cloned()
+            .unwrap_or_else(|| Frame::unknown(pc))
+    }
+
+    /// Frame size of the function holding return address `pc`.
+    pub fn max_frame(&self, pc: u64) -> Option<u64> {
+        self.0.get(&pc)?.max_frame
+    }
+
+    /// Add what `other` knows.
+    pub fn extend(&mut self, other: &Code) {
+        for (pc, c) in &other.0 {
+            self.0.entry(*pc).or_insert_with(|| c.clone());
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Symbolizer for Code {
+    fn return_frame(&self, pc: u64) -> Option<Frame> {
+        self.return_frames(pc).first().cloned()
+    }
+
+    fn max_frame(&self, pc: u64) -> Option<u64> {
+        Code::max_frame(self, pc)
+    }
+}
+
+/// The goroutine stack of a stack-growth event (return addresses: the site
+/// that needed more stack, its caller, then a frame-pointer walk).
+pub fn growth_pcs(ev: &StackGrowthEvent) -> &[u64] {
+    let n = (ev.nframes as usize).min(ev.frames.len());
+    let pcs = &ev.frames[..n];
+    // The walk stops at the first zero.
+    let end = pcs.iter().position(|&pc| pc == 0).unwrap_or(pcs.len());
+    &pcs[..end]
+}
+
+/// The return addresses of stack-growth site rows: each site and its caller
+/// (0 for shrinks: no address).
+pub fn site_pcs(rows: &[(StackSiteKey, StackSiteCounts)]) -> impl Iterator<Item = u64> + '_ {
+    rows.iter()
+        .flat_map(|(k, _)| [k.site_pc, k.caller_pc])
+        .filter(|&pc| pc != 0)
+}
