@@ -275,7 +275,9 @@ fn no_sink_symbolizes() {
     assert!(symbolizes(
         "let f = image.and_then(|i| i.frames_of_return(pc).into_iter().next());"
     ));
-    assert!(symbolizes("w.agg.summary(&**image, n)) // impl Symbolizer for ProcessImage"));
+    assert!(symbolizes(
+        "w.agg.summary(&**image, n)) // impl Symbolizer for ProcessImage"
+    ));
     assert!(!symbolizes("let f = code.return_frames(pc);"));
 }
 

@@ -139,3 +139,75 @@ fn text_summary_names_reasons_and_losses() {
     assert!(t.contains("40.0 us"), "{t}");
     assert!(t.contains("events lost: 0\n"), "{t}");
 }
+
+/// The stack-growth summary names sites from the code the stream carries
+/// (the engine's), and knows nothing the stream did not say.
+#[test]
+fn stack_sites_are_named_from_the_stream_s_code() {
+    use tracer_common::stack::{StackChange, StackSiteCounts, StackSiteKey, StackSource};
+
+    use crate::{
+        image::Frame,
+        model::code::{Code, ReturnCode},
+    };
+    let frame = |function: &str| Frame {
+        function: function.into(),
+        file: "main.go".into(),
+        line: 7,
+        inlined: false,
+        start_line: 0,
+    };
+    let mut code = Code::default();
+    for (pc, f, max) in [
+        (0x1005, "main.deep", Some(19_496)),
+        (0x2005, "main.task", None),
+    ] {
+        code.insert(
+            pc,
+            ReturnCode {
+                frames: vec![frame(f)].into(),
+                max_frame: max,
+            },
+        );
+    }
+    let key = StackSiteKey {
+        tgid: 9,
+        source: StackSource::Exact as u8,
+        change: StackChange::Grow as u8,
+        _pad: 0,
+        old_size: 8192,
+        new_size: 32768,
+        site_pc: 0x1005,
+        caller_pc: 0x2005,
+    };
+    let counts = StackSiteCounts {
+        count: 3,
+        copied_bytes: 3 * 6000,
+    };
+    let summary = |code: Code| {
+        let mut sink = ReportSink::new(
+            View::Stacks,
+            Output::new(Box::new(Buf::default()), true, 0),
+            false,
+            Some(Mode::Exact),
+        );
+        sink.observe(&started(9));
+        sink.observe(&Observed::StackSites {
+            pid: 9,
+            rows: vec![(key, counts)],
+            observed: Default::default(),
+            code: Arc::new(code),
+        });
+        sink.stack_summary().unwrap()
+    };
+    let named = summary(code);
+    let site = &named.top_sites[0];
+    assert_eq!(
+        (&site.site.function[..], &site.caller.function[..]),
+        ("main.deep", "main.task")
+    );
+    assert_eq!(site.count, 3);
+    // The same rows without code: addresses, not names.
+    let bare = summary(Code::default());
+    assert_eq!(bare.top_sites[0].site.function, "0x1005");
+}
