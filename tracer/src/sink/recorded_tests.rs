@@ -269,3 +269,167 @@ fn a_stream_without_one_pause_differs_in_every_output() {
     let differ = differences(&outputs);
     assert_eq!(differ.len(), outputs.len(), "{differ:#?}");
 }
+
+/// Stack growth of one process as the engine hands it on: exact-mode
+/// events and the kernel's site rows, each with the code the engine read
+/// for its addresses (`with_code`: false gives the same stream unnamed).
+fn recorded_growth_stream(with_code: bool) -> Vec<Observed> {
+    use tracer_common::{
+        event::EventHeader,
+        stack::{
+            STACK_FRAMES, StackChange, StackGrowthEvent, StackSiteCounts, StackSiteKey, StackSource,
+        },
+    };
+
+    use crate::{
+        image::Frame,
+        model::code::{Code, ReturnCode},
+    };
+    let pid = 7;
+    let frame = |function: &str, line, inlined| Frame {
+        function: function.into(),
+        file: "/srv/api/main.go".into(),
+        line,
+        inlined,
+        start_line: line.saturating_sub(3),
+    };
+    let mut code = Code::default();
+    if with_code {
+        for (pc, frames, max_frame) in [
+            (
+                0x40_1005,
+                vec![frame("main.leaf", 12, true), frame("main.deep", 20, false)],
+                Some(19_496),
+            ),
+            (0x40_2005, vec![frame("main.task", 31, false)], Some(96)),
+            (0x40_3005, vec![frame("main.main", 44, false)], Some(64)),
+        ] {
+            code.insert(
+                pc,
+                ReturnCode {
+                    frames: frames.into(),
+                    max_frame,
+                },
+            );
+        }
+    }
+    let code = Arc::new(code);
+    let event = |ts_ms: u64, tid: u32, goid: u64| {
+        let mut frames = [0; STACK_FRAMES];
+        frames[..3].copy_from_slice(&[0x40_1005, 0x40_2005, 0x40_3005]);
+        Observed::StackGrowth {
+            event: StackGrowthEvent {
+                header: EventHeader {
+                    tgid: pid,
+                    tid,
+                    ts_ns: 1_000 * MS + ts_ms * MS,
+                    ..Default::default()
+                },
+                source: StackSource::Exact as u8,
+                change: StackChange::Grow as u8,
+                _pad: 0,
+                nframes: 3,
+                goid,
+                old_size: 8192,
+                new_size: 32768,
+                used: 6000,
+                frames,
+            },
+            code: code.clone(),
+        }
+    };
+    let row = |site_pc, caller_pc, count| {
+        (
+            StackSiteKey {
+                tgid: pid,
+                source: StackSource::Exact as u8,
+                change: StackChange::Grow as u8,
+                _pad: 0,
+                old_size: 8192,
+                new_size: 32768,
+                site_pc,
+                caller_pc,
+            },
+            StackSiteCounts {
+                count,
+                copied_bytes: count * 6000,
+            },
+        )
+    };
+    vec![
+        Observed::Started(api_process(pid, "b1")),
+        event(1, pid, 10),
+        event(2, pid + 1, 11),
+        Observed::StackSites {
+            pid,
+            rows: vec![row(0x40_1005, 0x40_2005, 40), row(0x40_2005, 0x40_3005, 2)],
+            observed: (
+                std::time::Duration::from_secs(10),
+                std::time::Duration::from_secs(5),
+            ),
+            code,
+        },
+        Observed::Exited {
+            pid,
+            last_of_labels: false,
+        },
+    ]
+}
+
+/// The stack-growth outputs (the `stacks` report as text and JSON, the
+/// timeline), by file name in `golden/`.
+fn growth_outputs(stream: &[Observed]) -> Vec<(&'static str, String)> {
+    let stacks = |json: bool| {
+        let out = Captured::default();
+        let mut r = ReportSink::new(
+            View::Stacks,
+            Output::new(Box::new(out.clone()), json, 0),
+            false,
+            Some(crate::stackgrowth::Mode::Exact),
+        );
+        r.observe_all(stream);
+        r.finish(2_000 * MS).unwrap();
+        out.text()
+    };
+    let timeline_out = Captured::default();
+    let mut timeline = TimelineSink::new(Box::new(timeline_out.clone())).unwrap();
+    timeline.observe_all(stream);
+    timeline.finish().unwrap();
+    vec![
+        ("stacks.txt", stacks(false)),
+        ("stacks.json", stacks(true)),
+        ("stacks_timeline.json", timeline_out.text()),
+    ]
+    .into_iter()
+    .map(|(name, text)| (name, normalized(&text)))
+    .collect()
+}
+
+/// Stack growth as every sink names it, from the code the stream carries
+/// (kept byte for byte, like the pauses' outputs above).
+#[test]
+fn every_stack_growth_output_of_a_recorded_stream_is_the_kept_one() {
+    let outputs = growth_outputs(&recorded_growth_stream(true));
+    if std::env::var_os("GOSTW_BLESS").is_some() {
+        for (name, text) in &outputs {
+            std::fs::write(golden_dir().join(name), text).unwrap();
+        }
+    }
+    for name in ["main.leaf", "main.task"] {
+        assert!(
+            outputs.iter().all(|(_, text)| text.contains(name)),
+            "{name} missing from an output"
+        );
+    }
+    let differ = differences(&outputs);
+    assert!(
+        differ.is_empty(),
+        "outputs changed (GOSTW_BLESS=1 keeps the new ones after an intended change):\n{}",
+        differ.join("\n")
+    );
+    // The control: the same stream without its code names no function, so
+    // every output differs.
+    let bare = growth_outputs(&recorded_growth_stream(false));
+    assert_eq!(differences(&bare).len(), bare.len());
+    assert!(bare.iter().all(|(_, text)| !text.contains("main.")));
+}
