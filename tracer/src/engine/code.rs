@@ -91,10 +91,12 @@ impl GrowthCode {
 
 #[cfg(test)]
 mod tests {
-    use tracer_common::stack::{StackChange, StackGrowthEvent, StackSiteCounts, StackSiteKey};
+    use tracer_common::stack::{StackGrowthEvent, StackSiteCounts, StackSiteKey};
 
     use super::*;
-    use crate::model::observed::tests_support::api_process;
+    use crate::{
+        model::observed::tests_support::api_process, stackgrowth::tests_support::exact_row,
+    };
 
     fn event(pid: u32, pcs: &[u64]) -> Observed {
         // SAFETY: a plain-old-data event; all zeroes is a valid one.
@@ -109,17 +111,7 @@ mod tests {
     }
 
     fn row(pid: u32, site_pc: u64, caller_pc: u64) -> (StackSiteKey, StackSiteCounts) {
-        let key = StackSiteKey {
-            tgid: pid,
-            source: 0,
-            change: StackChange::Grow as u8,
-            _pad: 0,
-            old_size: 8192,
-            new_size: 16384,
-            site_pc,
-            caller_pc,
-        };
-        (key, StackSiteCounts::default())
+        exact_row(pid, (site_pc, caller_pc), (8192, 16384), 1, 0)
     }
 
     fn code_of(o: &Observed) -> &Code {

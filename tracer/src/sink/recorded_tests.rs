@@ -276,14 +276,13 @@ fn a_stream_without_one_pause_differs_in_every_output() {
 fn recorded_growth_stream(with_code: bool) -> Vec<Observed> {
     use tracer_common::{
         event::EventHeader,
-        stack::{
-            STACK_FRAMES, StackChange, StackGrowthEvent, StackSiteCounts, StackSiteKey, StackSource,
-        },
+        stack::{STACK_FRAMES, StackChange, StackGrowthEvent, StackSource},
     };
 
     use crate::{
         image::Frame,
         model::code::{Code, ReturnCode},
+        stackgrowth::tests_support::exact_row,
     };
     let pid = 7;
     let frame = |function: &str, line, inlined| Frame {
@@ -339,21 +338,12 @@ fn recorded_growth_stream(with_code: bool) -> Vec<Observed> {
         }
     };
     let row = |site_pc, caller_pc, count| {
-        (
-            StackSiteKey {
-                tgid: pid,
-                source: StackSource::Exact as u8,
-                change: StackChange::Grow as u8,
-                _pad: 0,
-                old_size: 8192,
-                new_size: 32768,
-                site_pc,
-                caller_pc,
-            },
-            StackSiteCounts {
-                count,
-                copied_bytes: count * 6000,
-            },
+        exact_row(
+            pid,
+            (site_pc, caller_pc),
+            (8192, 32768),
+            count,
+            count * 6000,
         )
     };
     vec![

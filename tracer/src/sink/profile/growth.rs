@@ -209,6 +209,7 @@ mod tests {
     use tracer_common::{event::EventHeader, stack::STACK_FRAMES};
 
     use super::*;
+    use crate::stackgrowth::tests_support::exact_row;
 
     fn event(pcs: &[u64], old: u64, new: u64, mode: Mode) -> StackGrowthEvent {
         let mut frames = [0; STACK_FRAMES];
@@ -232,22 +233,7 @@ mod tests {
     }
 
     fn row(site: u64, caller: u64, count: u64, copied: u64) -> (StackSiteKey, StackSiteCounts) {
-        (
-            StackSiteKey {
-                tgid: 1,
-                source: StackSource::Exact as u8,
-                change: StackChange::Grow as u8,
-                _pad: 0,
-                old_size: 2048,
-                new_size: 32768,
-                site_pc: site,
-                caller_pc: caller,
-            },
-            StackSiteCounts {
-                count,
-                copied_bytes: copied,
-            },
-        )
+        exact_row(1, (site, caller), (2048, 32768), count, copied)
     }
 
     #[test]

@@ -144,11 +144,10 @@ fn text_summary_names_reasons_and_losses() {
 /// (the engine's), and knows nothing the stream did not say.
 #[test]
 fn stack_sites_are_named_from_the_stream_s_code() {
-    use tracer_common::stack::{StackChange, StackSiteCounts, StackSiteKey, StackSource};
-
     use crate::{
         image::Frame,
         model::code::{Code, ReturnCode},
+        stackgrowth::tests_support::exact_row,
     };
     let frame = |function: &str| Frame {
         function: function.into(),
@@ -170,20 +169,7 @@ fn stack_sites_are_named_from_the_stream_s_code() {
             },
         );
     }
-    let key = StackSiteKey {
-        tgid: 9,
-        source: StackSource::Exact as u8,
-        change: StackChange::Grow as u8,
-        _pad: 0,
-        old_size: 8192,
-        new_size: 32768,
-        site_pc: 0x1005,
-        caller_pc: 0x2005,
-    };
-    let counts = StackSiteCounts {
-        count: 3,
-        copied_bytes: 3 * 6000,
-    };
+    let row = exact_row(9, (0x1005, 0x2005), (8192, 32768), 3, 3 * 6000);
     let summary = |code: Code| {
         let mut sink = ReportSink::new(
             View::Stacks,
@@ -194,7 +180,7 @@ fn stack_sites_are_named_from_the_stream_s_code() {
         sink.observe(&started(9));
         sink.observe(&Observed::StackSites {
             pid: 9,
-            rows: vec![(key, counts)],
+            rows: vec![row],
             observed: Default::default(),
             code: Arc::new(code),
         });
