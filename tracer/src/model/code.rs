@@ -52,10 +52,16 @@ impl Code {
         self.0.get(&pc)?.max_frame
     }
 
-    /// Add what `other` knows.
+    /// Add what `other` knows: an address named there and not here (read
+    /// before its process's load bias was known) takes the name.
     pub fn extend(&mut self, other: &Code) {
         for (pc, c) in &other.0 {
-            self.0.entry(*pc).or_insert_with(|| c.clone());
+            match self.0.get(pc) {
+                Some(known) if !known.frames.is_empty() || c.frames.is_empty() => {}
+                _ => {
+                    self.0.insert(*pc, c.clone());
+                }
+            }
         }
     }
 
@@ -94,4 +100,42 @@ pub fn site_pcs(rows: &[(StackSiteKey, StackSiteCounts)]) -> impl Iterator<Item 
     rows.iter()
         .flat_map(|(k, _)| [k.site_pc, k.caller_pc])
         .filter(|&pc| pc != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(function: &str) -> ReturnCode {
+        ReturnCode {
+            frames: vec![Frame {
+                function: function.into(),
+                file: String::new(),
+                line: 0,
+                inlined: false,
+                start_line: 0,
+            }]
+            .into(),
+            max_frame: Some(64),
+        }
+    }
+
+    #[test]
+    fn a_name_replaces_an_unknown_address_but_not_a_name() {
+        let mut known = Code::default();
+        known.insert(0x10, ReturnCode::default());
+        known.insert(0x20, named("main.a"));
+        let mut later = Code::default();
+        later.insert(0x10, named("main.b"));
+        later.insert(0x20, ReturnCode::default());
+        later.insert(0x30, named("main.c"));
+        known.extend(&later);
+        let names: Vec<String> = [0x10, 0x20, 0x30]
+            .iter()
+            .map(|&pc| known.return_frame(pc).function)
+            .collect();
+        assert_eq!(names, ["main.b", "main.a", "main.c"]);
+        assert_eq!(known.max_frame(0x10), Some(64));
+        assert_eq!(known.return_frame(0x40).function, "0x40");
+    }
 }
