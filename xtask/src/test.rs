@@ -65,16 +65,12 @@ fn check_room() -> anyhow::Result<()> {
         workspace_root()
     };
     let free = free_bytes(&at)?;
-    eprintln!(
-        "disk: {:.1} GiB free at {}",
-        free as f64 / (1u64 << 30) as f64,
-        at.display()
-    );
+    let gib = free as f64 / (1u64 << 30) as f64;
+    eprintln!("disk: {gib:.1} GiB free at {}", at.display());
     if free < ROOM_NEEDED {
         bail!(
-            "{} has {:.1} GiB free; a full test run needs {} GiB (builds, Go toolchains, VM images): free some space first",
+            "{} has {gib:.1} GiB free; a full test run needs {} GiB (builds, Go toolchains, VM images): free some space first",
             at.display(),
-            free as f64 / (1u64 << 30) as f64,
             ROOM_NEEDED >> 30
         );
     }

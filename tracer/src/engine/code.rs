@@ -13,17 +13,18 @@ use crate::{
     },
 };
 
-/// Return addresses kept symbolized; past it the cache starts over (they
-/// are many only in a long trace of varied code, and cheap to read again).
+/// Return addresses kept symbolized per process; past it that process's
+/// cache starts over (they are many only in a long trace of varied code,
+/// and cheap to read again).
 const CACHE_MAX: usize = 65_536;
 
 /// The images of the traced processes and what was read from them.
 #[derive(Default)]
 pub struct GrowthCode {
     images: HashMap<u32, Arc<ProcessImage>>,
-    /// Per process and return address; only what was read with the load
+    /// Per process, per return address; only what was read with the load
     /// bias known (an address read before is read again).
-    cache: HashMap<(u32, u64), ReturnCode>,
+    cache: HashMap<u32, HashMap<u64, ReturnCode>>,
 }
 
 impl GrowthCode {
@@ -38,26 +39,24 @@ impl GrowthCode {
                     }
                 }
                 Observed::StackGrowth { event, code } => {
-                    let pcs = growth_pcs(event).to_vec();
+                    let pcs = growth_pcs(event).iter().copied();
                     *code = Arc::new(self.code(event.header.tgid, pcs));
                 }
                 Observed::StackSites {
                     pid, rows, code, ..
                 } => {
-                    let pcs: Vec<u64> = site_pcs(rows).collect();
-                    *code = Arc::new(self.code(*pid, pcs));
+                    *code = Arc::new(self.code(*pid, site_pcs(rows)));
                 }
                 Observed::Exited { pid, .. } => {
-                    let pid = *pid;
-                    self.images.remove(&pid);
-                    self.cache.retain(|(p, _), _| *p != pid);
+                    self.images.remove(pid);
+                    self.cache.remove(pid);
                 }
                 _ => {}
             }
         }
     }
 
-    fn code(&mut self, pid: u32, pcs: Vec<u64>) -> Code {
+    fn code(&mut self, pid: u32, pcs: impl Iterator<Item = u64>) -> Code {
         let mut code = Code::default();
         for pc in pcs {
             if !code.contains(pc) {
@@ -68,7 +67,7 @@ impl GrowthCode {
     }
 
     fn return_code(&mut self, pid: u32, pc: u64) -> ReturnCode {
-        if let Some(c) = self.cache.get(&(pid, pc)) {
+        if let Some(c) = self.cache.get(&pid).and_then(|m| m.get(&pc)) {
             return c.clone();
         }
         let Some(image) = self.images.get(&pid) else {
@@ -81,10 +80,11 @@ impl GrowthCode {
             frames: image.frames_of_return(pc).into(),
             max_frame: image.max_frame_of_return(pc),
         };
-        if self.cache.len() >= CACHE_MAX {
-            self.cache.clear();
+        let cache = self.cache.entry(pid).or_default();
+        if cache.len() >= CACHE_MAX {
+            cache.clear();
         }
-        self.cache.insert((pid, pc), c.clone());
+        cache.insert(pc, c.clone());
         c
     }
 }
@@ -95,7 +95,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        model::observed::tests_support::api_process, stackgrowth::tests_support::exact_row,
+        model::observed::tests_support::api_process,
+        stackgrowth::{Symbolizer as _, tests_support::exact_row},
     };
 
     fn event(pid: u32, pcs: &[u64]) -> Observed {
@@ -144,6 +145,6 @@ mod tests {
         let sites = code_of(&out[2]);
         assert_eq!(sites.len(), 2);
         assert!(sites.contains(0x10) && sites.contains(0x30) && !sites.contains(0));
-        assert_eq!(sites.return_frame(0x30).function, "0x30");
+        assert_eq!(sites.symbolize_return_address(0x30).function, "0x30");
     }
 }

@@ -38,20 +38,6 @@ impl Code {
         self.0.get(&pc).map_or(&[], |c| &c.frames[..])
     }
 
-    /// The innermost frame of return address `pc`, or one named by the
-    /// address.
-    pub fn return_frame(&self, pc: u64) -> Frame {
-        self.return_frames(pc)
-            .first()
-            .cloned()
-            .unwrap_or_else(|| Frame::unknown(pc))
-    }
-
-    /// Frame size of the function holding return address `pc`.
-    pub fn max_frame(&self, pc: u64) -> Option<u64> {
-        self.0.get(&pc)?.max_frame
-    }
-
     /// Add what `other` knows: an address named there and not here (read
     /// before its process's load bias was known) takes the name.
     pub fn extend(&mut self, other: &Code) {
@@ -65,6 +51,7 @@ impl Code {
         }
     }
 
+    /// Addresses known.
     pub fn len(&self) -> usize {
         self.0.len()
     }
@@ -80,7 +67,7 @@ impl Symbolizer for Code {
     }
 
     fn max_frame(&self, pc: u64) -> Option<u64> {
-        Code::max_frame(self, pc)
+        self.0.get(&pc)?.max_frame
     }
 }
 
@@ -132,10 +119,10 @@ mod tests {
         known.extend(&later);
         let names: Vec<String> = [0x10, 0x20, 0x30]
             .iter()
-            .map(|&pc| known.return_frame(pc).function)
+            .map(|&pc| known.symbolize_return_address(pc).function)
             .collect();
         assert_eq!(names, ["main.b", "main.a", "main.c"]);
         assert_eq!(known.max_frame(0x10), Some(64));
-        assert_eq!(known.return_frame(0x40).function, "0x40");
+        assert_eq!(known.symbolize_return_address(0x40).function, "0x40");
     }
 }

@@ -380,7 +380,14 @@ mod tests {
     };
 
     use super::*;
-    use crate::stackgrowth::symbolize::NoSymbols;
+
+    /// A symbolizer that knows nothing (addresses are printed as hex).
+    struct NoSymbols;
+    impl Symbolizer for NoSymbols {
+        fn return_frame(&self, _pc: u64) -> Option<Frame> {
+            None
+        }
+    }
 
     /// Symbols for made-up PCs: 0x1000.. deep, 0x2000.. task, 0x3000.. other.
     struct Fake;

@@ -51,7 +51,7 @@ pub mod tests_support {
 
 pub use aggregate::{SiteSummary, StackGrowthAggregator, StackGrowthSummary};
 pub use recommend::Recommendation;
-pub use symbolize::{NoSymbols, Symbolizer};
+pub use symbolize::Symbolizer;
 
 /// How stack growth is observed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]

@@ -22,12 +22,3 @@ pub trait Symbolizer {
         None
     }
 }
-
-/// A symbolizer that knows nothing (addresses are printed as hex).
-pub struct NoSymbols;
-
-impl Symbolizer for NoSymbols {
-    fn return_frame(&self, _pc: u64) -> Option<Frame> {
-        None
-    }
-}

@@ -73,6 +73,13 @@ pub struct ProfileCollector {
     processes: HashMap<u32, Traced>,
 }
 
+impl Traced {
+    /// The load bias the engine resolved (None: link-time addresses unknown).
+    fn bias(&self) -> Option<u64> {
+        self.image.as_ref().and_then(|i| i.bias())
+    }
+}
+
 impl ProfileCollector {
     /// Collect into `store`, stack growth counted as `growth` says.
     pub fn new(store: Arc<Mutex<Store>>, growth: GrowthCounting) -> ProfileCollector {
@@ -96,7 +103,7 @@ impl ProfileCollector {
         let Some(p) = self.processes.get(&f.tgid) else {
             return;
         };
-        let bias = p.image.as_ref().and_then(|i| i.bias());
+        let bias = p.bias();
         let tags = Tags::Fault {
             kind: f.kind,
             pause,
@@ -115,7 +122,7 @@ impl ProfileCollector {
             return;
         };
         let Some(g) = p.growth.take() else { return };
-        let bias = p.image.as_ref().and_then(|i| i.bias());
+        let bias = p.bias();
         let mut store = lock(&self.store);
         for r in g.records() {
             let stack = return_locations(&p.code, bias, &r.pcs);
@@ -199,7 +206,7 @@ impl Sink for ProfileCollector {
                         p.code.extend(code);
                     }
                     None => {
-                        let bias = p.image.as_ref().and_then(|i| i.bias());
+                        let bias = p.bias();
                         let stack = return_locations(code, bias, growth_pcs(ev));
                         let tags = Tags::Growth {
                             old_stack: ev.old_size,
