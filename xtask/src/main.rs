@@ -16,6 +16,7 @@ mod scenario;
 mod setup;
 mod soak;
 mod test;
+mod testlog;
 mod vm;
 
 use clap::{Parser, Subcommand};
@@ -70,7 +71,7 @@ fn main() -> std::process::ExitCode {
         Task::Dist(opts) => dist::run(&opts),
         Task::Bench(opts) => bench::run(&opts),
         Task::Book(opts) => book::run(&opts),
-        Task::VmTest(opts) => vm::run(&opts),
+        Task::VmTest(opts) => vm::run(&opts, &mut vm::VmRun::default()),
         Task::SoakAgent(opts) => soak::run(&opts),
         Task::Scenario(opts) => scenario::run(&opts),
         Task::Fuzz(opts) => fuzz::run(&opts),

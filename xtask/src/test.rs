@@ -9,7 +9,8 @@ use std::{
     collections::BTreeMap,
     io::{BufRead as _, BufReader},
     process::{Command, Stdio},
-    time::Instant,
+    sync::Mutex,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
@@ -17,7 +18,9 @@ use anyhow::{Context as _, bail};
 use crate::{
     arch::Arch,
     cmd::{exec, free_bytes, step, workspace_root},
-    demo, go, setup, vm,
+    demo, go, setup,
+    testlog::{Outcome, TestLog},
+    vm,
 };
 
 #[derive(clap::Args)]
@@ -39,15 +42,6 @@ pub struct Options {
     /// Extra arguments for the kernel test binary (e.g. a test name filter).
     #[arg(last = true)]
     pub kernel_test_args: Vec<String>,
-}
-
-/// Whether the VM step boots an arm64 guest.
-fn boots_arm64(opts: &Options) -> bool {
-    !opts.no_vm
-        && opts
-            .vm_kernels
-            .iter()
-            .any(|k| vm::kernel_entry(k).is_ok_and(|(arch, _)| arch == Arch::Arm64))
 }
 
 /// What a full run writes under `target/` on a fresh clone: 11 GiB
@@ -77,41 +71,65 @@ fn check_room() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The whole suite's budget on a 2-core machine: half of CI's 90 minutes,
+/// so that what comes next has room.
+const BUDGET: Duration = Duration::from_secs(2700);
+
+/// One step's name, time and result, for the summary.
+struct Step {
+    name: String,
+    took: Duration,
+    ok: bool,
+}
+
+/// What the summary shows besides the steps: each kernel test run's slowest
+/// tests, what it skipped and why, and the guests booted twice.
+#[derive(Default)]
+struct Seen {
+    steps: Vec<Step>,
+    runs: Vec<(String, TestLog)>,
+    reboots: Vec<vm::Reboot>,
+}
+
+/// Run `f` as the step `name`, its time and result kept in `seen`.
+fn timed(
+    seen: &Mutex<Seen>,
+    name: &str,
+    f: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let t = Instant::now();
+    let r = f();
+    seen.lock().unwrap().steps.push(Step {
+        name: name.to_owned(),
+        took: t.elapsed(),
+        ok: r.is_ok(),
+    });
+    r
+}
+
 pub fn run(opts: &Options) -> anyhow::Result<()> {
     let started = Instant::now();
     check_room()?;
-    let mut timings = Vec::new();
-    let mut timed = |name: &str, f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<()> {
-        let t = Instant::now();
-        let r = f();
-        timings.push((name.to_owned(), t.elapsed(), r.is_ok()));
-        r
-    };
+    let seen = Mutex::new(Seen::default());
     let mut tally = Tally::default();
     let result = (|| -> anyhow::Result<()> {
         if !opts.no_setup {
-            timed("setup", &mut || setup::run(&setup::Options::default()))?;
+            timed(&seen, "setup", || setup::run(&setup::Options::default()))?;
         }
-        timed("fmt", &mut || {
+        timed(&seen, "fmt", || {
             step("cargo fmt --check");
             exec(cargo().args(["fmt", "--all", "--", "--check"]))
         })?;
-        timed("clippy (user crates)", &mut || {
+        timed(&seen, "clippy (user crates)", || {
             step("clippy: user crates");
             exec(
                 cargo()
-                    .args([
-                        "clippy",
-                        "--workspace",
-                        "--exclude",
-                        "tracer-ebpf",
-                        "--all-targets",
-                        "--all-features",
-                    ])
+                    .args(["clippy", "--all-targets"])
+                    .args(WORKSPACE)
                     .args(["--", "-D", "warnings"]),
             )
         })?;
-        timed("clippy (eBPF crate)", &mut || {
+        timed(&seen, "clippy (eBPF crate)", || {
             step("clippy: eBPF crate (BPF target)");
             exec(
                 Command::new("cargo")
@@ -128,46 +146,46 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                     .args(["--", "-D", "warnings"]),
             )
         })?;
-        timed("book", &mut || {
+        timed(&seen, "book", || {
             crate::book::build(&std::env::temp_dir().join("gostw-book"))
         })?;
         let mut release = None;
-        timed("build", &mut || {
+        timed(&seen, "build", || {
             step(
                 "build everything the tests run, once: unit and kernel test binaries, release gostw",
             );
-            exec(cargo().args([
-                "test",
-                "--workspace",
-                "--exclude",
-                "tracer-ebpf",
-                "--no-run",
-            ]))?;
-            exec(kernel_tests().arg("--no-run"))?;
+            // One invocation with one feature set: the tracer library is
+            // compiled once for the unit and the kernel tests.
+            exec(cargo().arg("test").args(WORKSPACE).arg("--no-run"))?;
             release = Some(demo::build_gostw_release()?);
             Ok(())
         })?;
         let release = release.context("the build step gave no release binary")?;
-        timed("unit tests", &mut || {
+        timed(&seen, "unit tests", || {
             step("unit tests");
-            exec(cargo().args(["test", "--workspace", "--exclude", "tracer-ebpf"]))
+            exec(
+                cargo()
+                    .arg("test")
+                    .args(WORKSPACE)
+                    .args(["--lib", "--bins"]),
+            )?;
+            exec(cargo().arg("test").args(WORKSPACE).arg("--doc"))
         })?;
-        timed("dist", &mut || {
-            // The arm64 artifacts where the run boots an arm64 guest: it runs
-            // that same static build, so building it here costs nothing more.
-            let mut builds = vec![(Arch::Amd64, release.clone())];
-            if boots_arm64(opts) {
-                builds.push((Arch::Arm64, crate::dist::build_static(Arch::Arm64)?));
-            }
-            crate::dist::artifacts(&builds)
-        })?;
+        let host_filters: Vec<&String> = opts
+            .kernel_test_args
+            .iter()
+            .filter(|a| !a.starts_with('-'))
+            .collect();
+        if !host_filters.is_empty() {
+            check_host_filters(&opts.kernel_test_args)?;
+        }
         for round in 1..=opts.repeat {
             let of = if opts.repeat > 1 {
                 format!(" (run {round} of {})", opts.repeat)
             } else {
                 String::new()
             };
-            let r = timed(&format!("kernel tests{of}"), &mut || {
+            let r = timed(&seen, &format!("kernel tests{of}"), || {
                 step(&format!(
                     "kernel tests (real eBPF programs, real Go binaries; serial){of}"
                 ));
@@ -178,31 +196,27 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                 }
                 let mut cmd = kernel_tests();
                 cmd.args(["--", "--test-threads=1"])
-                    .args(vm::HOST_SKIP.iter().flat_map(|t| ["--skip", *t]))
+                    .args(vm::HOST_SKIP.iter().flat_map(|(t, _)| ["--skip", *t]))
                     .args(&opts.kernel_test_args)
                     .env("GOSTW_GO_MATRIX", go::matrix_env())
                     .env("GOSTW_CADDY", setup::caddy_path())
                     .env("GOSTW_OTLP_PYTHONPATH", setup::otlp_receiver_path())
                     .env("GOSTW_RELEASE_BIN", &release);
-                tally.run(&mut cmd)
+                let mut log = TestLog::default();
+                let r = tally.run(&mut cmd, &mut log);
+                seen.lock().unwrap().runs.push((format!("host{of}"), log));
+                r
             });
             if opts.repeat == 1 {
                 r?;
             }
-            for kernel in opts.vm_kernels.iter().filter(|_| !opts.no_vm) {
-                let r = timed(&format!("VM kernel tests, {kernel}{of}"), &mut || {
-                    step(&format!("kernel tests in a VM ({kernel}, QEMU/TCG){of}"));
-                    let (arch, kernel) = vm::kernel_entry(kernel)?;
-                    vm::run(&vm::Options {
-                        arch,
-                        kernel,
-                        ..vm::Options::default()
-                    })
-                });
-                tally.vm(kernel, r.is_ok());
-                if opts.repeat == 1 {
-                    r?;
-                }
+            // The static builds, the package and the images are checked
+            // beside the guests (round 1): they take little CPU, the guests
+            // wait on the emulator.
+            let dist = round == 1;
+            let vm_ok = guests(opts, &release, dist, &of, &seen, &mut tally);
+            if opts.repeat == 1 {
+                vm_ok?;
             }
         }
         if opts.repeat > 1 {
@@ -210,16 +224,170 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         }
         Ok(())
     })();
-    eprintln!("\n==> summary ({:.0?} in all)", started.elapsed());
-    for (name, took, ok) in &timings {
+    summary(&seen.into_inner().unwrap(), started.elapsed(), opts);
+    result
+}
+
+/// The cargo arguments that select the workspace's user crates with the
+/// kernel tests' feature, the same in every step so that each crate is
+/// compiled once.
+pub const WORKSPACE: [&str; 5] = [
+    "--workspace",
+    "--exclude",
+    "tracer-ebpf",
+    "--features",
+    "tracer/kernel-tests",
+];
+
+/// `dist` (where asked) and the guests: the amd64 guests one after the
+/// other on this thread, the arm64 guest (its cross builds first) and
+/// `dist` each on their own, side by side.
+fn guests(
+    opts: &Options,
+    release: &std::path::Path,
+    dist: bool,
+    of: &str,
+    seen: &Mutex<Seen>,
+    tally: &mut Tally,
+) -> anyhow::Result<()> {
+    let entries: Vec<(Arch, String, &String)> = if opts.no_vm {
+        Vec::new()
+    } else {
+        opts.vm_kernels
+            .iter()
+            .map(|k| vm::kernel_entry(k).map(|(arch, name)| (arch, name, k)))
+            .collect::<anyhow::Result<_>>()?
+    };
+    let boot = |arch: Arch, kernel: &str, entry: &str| -> anyhow::Result<()> {
+        timed(seen, &format!("VM kernel tests, {entry}{of}"), || {
+            step(&format!("kernel tests in a VM ({entry}, QEMU/TCG){of}"));
+            let mut out = vm::VmRun::default();
+            let r = vm::run(
+                &vm::Options {
+                    arch,
+                    kernel: kernel.to_owned(),
+                    ..vm::Options::default()
+                },
+                &mut out,
+            );
+            let mut seen = seen.lock().unwrap();
+            seen.runs.push((format!("{entry}{of}"), out.tests));
+            seen.reboots.extend(out.reboots);
+            r
+        })
+    };
+    let (amd64, others): (Vec<_>, Vec<_>) = entries
+        .iter()
+        .partition(|(arch, _, _)| *arch == Arch::Amd64);
+    let arm64 = !others.is_empty();
+    std::thread::scope(|s| {
+        let dist = dist.then(|| {
+            s.spawn(|| {
+                timed(seen, "dist", || {
+                    let mut builds = vec![(Arch::Amd64, release.to_owned())];
+                    if arm64 {
+                        builds.push((Arch::Arm64, crate::dist::build_static(Arch::Arm64)?));
+                    }
+                    crate::dist::artifacts(&builds)
+                })
+            })
+        });
+        let others = s.spawn(|| {
+            others
+                .iter()
+                .map(|(arch, kernel, entry)| (entry.to_string(), boot(*arch, kernel, entry)))
+                .collect::<Vec<_>>()
+        });
+        let mut results: Vec<(String, anyhow::Result<()>)> = amd64
+            .iter()
+            .map(|(arch, kernel, entry)| (entry.to_string(), boot(*arch, kernel, entry)))
+            .collect();
+        results.extend(others.join().expect("the arm64 guest's thread"));
+        let dist = dist.map(|d| d.join().expect("the dist thread"));
+        let mut first_err = None;
+        for (entry, r) in results {
+            tally.vm(&entry, r.is_ok());
+            if let Err(e) = r {
+                eprintln!("VM {entry}: {e:#}");
+                first_err.get_or_insert(e.context(format!("VM {entry}")));
+            }
+        }
+        if let Some(Err(e)) = dist {
+            first_err.get_or_insert(e.context("dist"));
+        }
+        first_err.map_or(Ok(()), Err)
+    })
+}
+
+/// Filters given to the host's kernel tests must each match a test, as the
+/// VM's must: one that matches none would leave its part unrun, silently.
+fn check_host_filters(args: &[String]) -> anyhow::Result<()> {
+    let list = crate::cmd::output(kernel_tests().args(["--", "--list"]))?;
+    let names: Vec<&str> = list
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .collect();
+    let unmatched = vm::unmatched_filters(&names, args);
+    if !unmatched.is_empty() {
+        bail!("kernel test filter(s) {unmatched:?} match no kernel test");
+    }
+    Ok(())
+}
+
+/// Every step's time against the budget; each kernel test run's slowest
+/// tests; what was skipped and why; every guest booted twice.
+fn summary(seen: &Seen, total: Duration, opts: &Options) {
+    eprintln!("\n==> summary ({total:.0?} in all)");
+    for s in &seen.steps {
         eprintln!(
-            "  {:<28} {:>8.1?}  {}",
-            name,
-            took,
-            if *ok { "ok" } else { "FAILED" }
+            "  {:<34} {:>8.1?}  {}",
+            s.name,
+            s.took,
+            if s.ok { "ok" } else { "FAILED" }
         );
     }
-    result
+    for (run, log) in &seen.runs {
+        let slowest: Vec<String> = log
+            .slowest(3)
+            .iter()
+            .map(|r| format!("{} {:.0?}", r.name, r.took))
+            .collect();
+        eprintln!(
+            "  {run}: {} tests; slowest: {}",
+            log.results.len(),
+            slowest.join(", ")
+        );
+        for (name, why) in log.ignored() {
+            eprintln!("    skipped {name}: {why}");
+        }
+    }
+    if seen.runs.iter().any(|(run, _)| run.starts_with("host")) {
+        for (test, why) in vm::HOST_SKIP {
+            eprintln!("  host skipped {test}: {why} (runs in the VM)");
+        }
+    }
+    for r in &seen.reboots {
+        eprintln!(
+            "  REBOOTED {} once: {} (in {})",
+            r.kernel,
+            r.why,
+            r.test.as_deref().unwrap_or("no test")
+        );
+        for line in &r.tail {
+            eprintln!("    | {line}");
+        }
+    }
+    // A run that asked for part of the suite has no budget to keep.
+    let whole = opts.kernel_test_args.is_empty() && !opts.no_vm && opts.repeat == 1;
+    if whole {
+        if total <= BUDGET {
+            eprintln!("  within the budget: {total:.0?} of {BUDGET:.0?}");
+        } else {
+            eprintln!(
+                "  OVER THE BUDGET: {total:.0?} where the suite must take {BUDGET:.0?} at most"
+            );
+        }
+    }
 }
 
 /// Pass counts per kernel test over repeated runs.
@@ -234,7 +402,7 @@ struct Tally {
 impl Tally {
     /// Run the kernel test binary through `cmd`, its output passed through
     /// as it comes, counting each test's result.
-    fn run(&mut self, cmd: &mut Command) -> anyhow::Result<()> {
+    fn run(&mut self, cmd: &mut Command, log: &mut TestLog) -> anyhow::Result<()> {
         eprintln!("+ {cmd:?}");
         let mut child = cmd
             .stdout(Stdio::piped())
@@ -244,8 +412,15 @@ impl Tally {
         for line in BufReader::new(stdout).lines() {
             let line = line?;
             println!("{line}");
-            if let Some((name, ok)) = result_of(&line) {
-                let e = self.tests.entry(name.to_owned()).or_default();
+            let before = log.results.len();
+            log.line(&line, Instant::now());
+            for r in &log.results[before..] {
+                let ok = match r.outcome {
+                    Outcome::Passed => true,
+                    Outcome::Failed => false,
+                    Outcome::Ignored(_) => continue,
+                };
+                let e = self.tests.entry(r.name.clone()).or_default();
                 e.0 += u32::from(ok);
                 e.1 += 1;
             }
@@ -295,17 +470,6 @@ impl Tally {
     }
 }
 
-/// A libtest result line: `test NAME ... ok` or `... FAILED`.
-fn result_of(line: &str) -> Option<(&str, bool)> {
-    let rest = line.strip_prefix("test ")?;
-    let (name, result) = rest.rsplit_once(" ... ")?;
-    match result.trim() {
-        "ok" => Some((name, true)),
-        "FAILED" => Some((name, false)),
-        _ => None,
-    }
-}
-
 /// `cargo` run from the workspace root.
 fn cargo() -> Command {
     let mut c = Command::new("cargo");
@@ -316,28 +480,13 @@ fn cargo() -> Command {
 /// `cargo test` of the kernel test binary; arguments after a `--` go to it.
 pub fn kernel_tests() -> Command {
     let mut c = cargo();
-    c.args(["test", "--package", "tracer", "--features", "kernel-tests"])
-        .args(["--test", "kernel"]);
+    c.arg("test").args(WORKSPACE).args(["--test", "kernel"]);
     c
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn results_are_read_from_libtest_lines() {
-        assert_eq!(
-            result_of("test faults::kprobe_backend_pageout ... ok"),
-            Some(("faults::kprobe_backend_pageout", true))
-        );
-        assert_eq!(
-            result_of("test storm::pageout_storm ... FAILED"),
-            Some(("storm::pageout_storm", false))
-        );
-        assert_eq!(result_of("test result: ok. 3 passed; 0 failed"), None);
-        assert_eq!(result_of("running 3 tests"), None);
-    }
 
     #[test]
     fn a_test_that_failed_once_fails_the_report() {

@@ -7,13 +7,14 @@
 //! need, sets up swap, proves kprobes work, runs the tests and prints their
 //! exit code, which becomes ours.
 //!
-//! Tests plug in by name: [`VM_TESTS`] lists the filters the VM runs by
-//! default; [`HOST_SKIP`] lists tests that need a kernel feature only the VM
-//! has, which the host's kernel test step skips. In the guest, `GOSTW_VM`
+//! Tests plug in by name: [`coverage::COVERAGE`] says which kernel runs
+//! which test filter, and why; [`HOST_SKIP`] lists tests that need a kernel
+//! feature only the VM has, which the host's kernel test step skips. In the guest, `GOSTW_VM`
 //! names the kernel (e.g. "debian-6.1"), `GOSTW_PREBUILT_WORKLOADS` points the
 //! test harness at the pre-built workloads, and `env!("CARGO_BIN_EXE_gostw")`
 //! is the real `gostw` binary.
 
+mod coverage;
 mod kernel;
 mod payload;
 mod qemu;
@@ -28,86 +29,22 @@ use crate::{
     go,
 };
 
-/// Test name filters the VM suite runs when none are given (libtest
-/// substring filters; a module path such as "stw_probe::" selects a module).
-/// The pause, stopping and caller tests run on both Go versions of
-/// [`VM_GO`] (pauses equal to Go's own counts and histograms, the caller
-/// named); the laggard test runs on the host only, until it is steady under
-/// QEMU (each of three runs of it there on 2026-12-04 met a new way for
-/// emulated timing to differ from a CPU's; `compat::` names laggards in
-/// the VM); not the fault tests that need
-/// the host's cgroup v1 memory controller: the VM runs the kprobe fault
-/// backend end to end (page-out scenario) and the tracepoint backend's
-/// control run (attach and verifier on the distro kernel). The memory
-/// exposure tests run there too, for cgroup v2's memory controller, except
-/// the cgo one (the guest has no C library). The sampled stack growth test
-/// and `compat::` run the programs that older kernels (5.10) load as
-/// variants (`tracer_common::compat`): the sampler's registers and the M
-/// list walk (laggards named); `check::` compares `gostw check` with them.
-pub const VM_TESTS: &[&str] = &[
-    "stw_probe::",
-    "pauses::run_reports_every_pause_as_go_counts_it",
-    "stopping::stopping_and_total_equal_go_histograms_bucket_for_bucket",
-    "callers::callers_name_the_functions_that_asked_for_the_stop",
-    "vm_env::",
-    "faults::kprobe_backend_",
-    "faults::tracepoint_backend_with_explain",
-    "faults::without_pageout_",
-    "backend_agreement::",
-    "stack_growth::sampled_and_exact_agree_on_the_top_site",
-    "compat::",
-    "check::",
-    "memory::pageout_",
-    "memory::without_pageout_",
-    "memory::heap_only_",
-    "memory::a_traced_pageout_",
-    "memory::bad_gone_",
+/// Kernel tests that only a VM can run (they need kprobes, which the host
+/// lacks): the host's kernel test step passes each as `--skip`, and its
+/// summary names them with the reason.
+pub const HOST_SKIP: &[(&str, &str)] = &[
+    ("vm_env::", "needs kprobes and the guest's swap disk"),
+    (
+        "backend_agreement::",
+        "needs kprobes (the kprobe fault backend)",
+    ),
+    (
+        "faults::kprobe_backend_pageout",
+        "needs kprobes (the kprobe fault backend)",
+    ),
 ];
 
-/// The filters of the arm64 VM suite (`--arch arm64`, an arm64 kernel under
-/// `qemu-system-aarch64`, the arm64 builds of gostw, of the tests and of the
-/// workloads): pauses equal to Go's own counts and histograms, the stopping
-/// phase, the caller, on both Go versions of [`VM_GO`], the kprobe fault
-/// backend's page-out scenario, the tracepoint backend (its faults begun at
-/// the `PAGE_FAULTS` perf event: arm64 has no `exceptions:page_fault_*`)
-/// against the kprobes pause by pause, `check`, the agent tracing a process
-/// it learns of by exec notification and its stack growth per executable,
-/// a run's own per-program cost, sampled against exact stack growth. Not
-/// yet: the laggard test (passed 1 of 2 runs: once 22 of 29 slow pauses
-/// explained to 10% where it asks 80%).
-pub const VM_TESTS_ARM64: &[&str] = &[
-    "stw_probe::",
-    "pauses::run_reports_every_pause_as_go_counts_it",
-    "stopping::stopping_and_total_equal_go_histograms_bucket_for_bucket",
-    "callers::callers_name_the_functions_that_asked_for_the_stop",
-    "faults::kprobe_backend_",
-    "faults::tracepoint_backend_with_explain",
-    "backend_agreement::",
-    "check::",
-    "agent::exec_notifications_trace_new_processes_before_the_next_poll",
-    "agent::agent_exports_stack_growth_per_executable",
-    "agent_cost::run_summary_reports_its_own_cost",
-    "stack_growth::sampled_and_exact_agree_on_the_top_site",
-];
-
-/// Kernel tests that only the VM can run (they need kprobes or swap, which
-/// the host lacks): the host's kernel test step passes each as `--skip`.
-pub const HOST_SKIP: &[&str] = &["vm_env::", "backend_agreement::"];
-
-/// The kernels `cargo xtask test` boots by default (CI's run): Debian 11's
-/// 5.10, Debian 12's LTS and backports kernel and the newest Debian build,
-/// each about 5-7 minutes, then Debian 12's arm64 LTS kernel under
-/// qemu-system-aarch64 (cross builds and its list, about 20 minutes). A
-/// guest that stalls (5.10 did twice: once before its tests, once in them,
-/// `compat::` silent for 9 minutes) is booted once more, and its console
-/// kept (`qemu::NotBooted`, `qemu::GuestStalled`).
-pub const CI_KERNELS: [&str; 5] = [
-    "debian-5.10",
-    "debian-6.1",
-    "debian-6.12",
-    "debian-7.3",
-    "arm64:debian-6.1",
-];
+pub use coverage::CI_KERNELS;
 
 /// A `--vm-kernels` entry: `NAME` boots the amd64 kernel of that name,
 /// `arm64:NAME` the arm64 one.
@@ -122,11 +59,12 @@ pub fn kernel_entry(entry: &str) -> anyhow::Result<(Arch, String)> {
     }
 }
 
-/// The Go versions of the VM's workloads: two of the matrix, both with Go's
-/// exact pause metrics (1.22+, the stopping test) and the layout the laggard
-/// test asks for (1.23+), so each test of the list that runs the matrix runs
-/// on two versions; the host's kernel tests cover the whole matrix.
-pub const VM_GO: [&str; 2] = ["1.24.11", "1.27.3"];
+/// The Go version of the VM's workloads: the newest of the matrix. What
+/// differs between Go versions does not depend on the kernel: the host's
+/// kernel tests run every version of the matrix, and the binary analysis
+/// tests check every version's arm64 builds (probe points, RETs, offsets).
+/// A guest runs what differs by kernel and architecture, once.
+pub const VM_GO: [&str; 1] = ["1.27.3"];
 
 fn vm_go() -> Vec<go::Toolchain> {
     VM_GO
@@ -187,7 +125,7 @@ fn check_filters(arch: Arch, tests: &std::path::Path, test_args: &[String]) -> a
 }
 
 /// The name filters among `args` that are a substring of no name.
-fn unmatched_filters<'a>(names: &[&str], args: &'a [String]) -> Vec<&'a str> {
+pub(crate) fn unmatched_filters<'a>(names: &[&str], args: &'a [String]) -> Vec<&'a str> {
     args.iter()
         .map(String::as_str)
         .filter(|a| !a.starts_with('-'))
@@ -195,7 +133,54 @@ fn unmatched_filters<'a>(names: &[&str], args: &'a [String]) -> Vec<&'a str> {
         .collect()
 }
 
-pub fn run(opts: &Options) -> anyhow::Result<()> {
+/// A boot that ended before its tests did and was tried once more: shown in
+/// `cargo xtask test`'s summary, never only on stderr.
+#[derive(Clone, Debug)]
+pub struct Reboot {
+    pub kernel: String,
+    pub why: String,
+    /// The test it was in.
+    pub test: Option<String>,
+    /// The console's last lines.
+    pub tail: Vec<String>,
+    /// Where that boot's console is kept, beside the new one.
+    console: &'static str,
+}
+
+impl Reboot {
+    /// The reboot that `e` calls for, if it is one of the ends a second boot
+    /// may mend: a guest that never reached its tests, whose kernel died (an
+    /// emulator race), or that stalled in them.
+    fn of(kernel: &str, e: &anyhow::Error) -> Option<Reboot> {
+        let (console, seen) = if let Some(qemu::NotBooted(seen)) = e.downcast_ref() {
+            ("console.not-booted.log", seen)
+        } else if let Some(qemu::GuestPanicked(_, seen)) = e.downcast_ref() {
+            ("console.panicked.log", seen)
+        } else if let Some(qemu::GuestStalled(_, seen)) = e.downcast_ref() {
+            ("console.stalled.log", seen)
+        } else {
+            return None;
+        };
+        Some(Reboot {
+            kernel: kernel.to_owned(),
+            why: e.to_string(),
+            test: seen.test.clone(),
+            tail: seen.tail.clone(),
+            console,
+        })
+    }
+}
+
+/// What a VM run leaves for the summary.
+#[derive(Debug, Default)]
+pub struct VmRun {
+    pub reboots: Vec<Reboot>,
+    pub tests: crate::testlog::TestLog,
+}
+
+/// Boot the guest and run its tests; what the summary shows goes into `out`
+/// as it happens, so a failed run still shows it.
+pub fn run(opts: &Options, out: &mut VmRun) -> anyhow::Result<()> {
     let arch = opts.arch;
     // arm64's 15 tests took 1 163 s (bd3f9be) and 1 452 s (52ce83d) in
     // fresh-clone runs, past amd64's 20 minutes: twice that.
@@ -227,12 +212,17 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         }
         payload::build_workloads(*toolchain, arch, &workloads)?;
     }
-    let list = match arch {
-        Arch::Amd64 => VM_TESTS,
-        Arch::Arm64 => VM_TESTS_ARM64,
+    let entry = match arch {
+        Arch::Amd64 => opts.kernel.clone(),
+        arch => format!("{}:{}", arch.name(), opts.kernel),
     };
     let test_args: Vec<String> = if opts.test_args.is_empty() {
-        list.iter().map(|s| (*s).to_owned()).collect()
+        let rows = coverage::tests_for(&entry);
+        step(&format!("the tests {entry} runs, and why (vm::coverage)"));
+        for row in &rows {
+            eprintln!("  {:<70} {}", row.test, row.why);
+        }
+        rows.iter().map(|r| r.test.to_owned()).collect()
     } else {
         opts.test_args.clone()
     };
@@ -253,6 +243,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         &initrd,
     )?;
     let log = work.join("console.log");
+    let label = format!("[{name}] ");
 
     step(&format!(
         "boot {name} ({}) under QEMU/TCG; tests: {}",
@@ -272,6 +263,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             cpus: 2,
             timeout: Duration::from_secs(timeout_minutes * 60),
             log: &log,
+            label: &label,
         });
         let _ = fs::remove_file(&swap);
         report
@@ -281,28 +273,31 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     // (`qemu::GuestStalled`) ended its tests unfinished: boot it once more,
     // and say so (its console is kept beside the new one). The tests must
     // then pass in full.
-    let report = match boot() {
-        Err(e)
-            if e.is::<qemu::NotBooted>()
-                || e.is::<qemu::GuestPanicked>()
-                || e.is::<qemu::GuestStalled>() =>
-        {
-            let name = if e.is::<qemu::NotBooted>() {
-                "console.not-booted.log"
-            } else if e.is::<qemu::GuestPanicked>() {
-                "console.panicked.log"
-            } else {
-                "console.stalled.log"
-            };
-            let kept = work.join(name);
-            fs::rename(&log, &kept)?;
-            eprintln!("{e}; booting once more (that console: {})", kept.display());
-            boot()?
-        }
-        r => r?,
+    let reboots = &mut out.reboots;
+    let mut report = match boot() {
+        Err(e) => match Reboot::of(&name, &e) {
+            Some(reboot) => {
+                let kept = work.join(reboot.console);
+                fs::rename(&log, &kept)?;
+                eprintln!("{e}; booting once more (that console: {})", kept.display());
+                let first = reboot.why.clone();
+                reboots.push(reboot);
+                boot().map_err(|e2| match Reboot::of(&name, &e2) {
+                    // A second stall or death is a failure, whatever test
+                    // it was in.
+                    Some(again) => anyhow::anyhow!(
+                        "{e2} (in {}): a second time; the first boot: {first}",
+                        again.test.as_deref().unwrap_or("no test")
+                    ),
+                    None => e2,
+                })?
+            }
+            None => return Err(e),
+        },
+        Ok(r) => r,
     };
-
     let boot = report.boot_time.unwrap_or_default();
+    out.tests = std::mem::take(&mut report.tests);
     eprintln!("\n==> VM summary ({name})");
     eprintln!("  package      {}", kernel.package);
     for key in [

@@ -78,7 +78,8 @@ pub fn build_binaries(arch: Arch) -> anyhow::Result<Binaries> {
     let mut cargo = Command::new("cargo");
     cargo
         .current_dir(workspace_root())
-        .args(["test", "--package", "tracer", "--features", "kernel-tests"])
+        .arg("test")
+        .args(crate::test::WORKSPACE)
         .args(["--test", "kernel", "--no-run", "--message-format=json"]);
     if arch != Arch::Amd64 {
         arch.cargo_static(&mut cargo);

@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::arch::Arch;
+use crate::{arch::Arch, testlog::TestLog};
 
 /// What to boot.
 pub struct Boot<'a> {
@@ -28,6 +28,9 @@ pub struct Boot<'a> {
     pub timeout: Duration,
     /// Where the console is logged.
     pub log: &'a Path,
+    /// Put before every console line on our stdout (guests may run side by
+    /// side).
+    pub label: &'a str,
 }
 
 /// What the guest reported.
@@ -46,7 +49,20 @@ pub struct Report {
     /// The longest the console was silent while the tests ran (what
     /// [`GUEST_QUIET_LIMIT`] must stay above).
     pub longest_quiet: Duration,
+    /// The tests' results and times, as the console showed them.
+    pub tests: TestLog,
 }
+
+/// Where a guest was when it was stopped: the test it was in, if any, and
+/// the console's last lines.
+#[derive(Debug, Default, Clone)]
+pub struct LastSeen {
+    pub test: Option<String>,
+    pub tail: Vec<String>,
+}
+
+/// How many console lines a [`LastSeen`] keeps.
+const TAIL_LINES: usize = 12;
 
 impl Report {
     /// The value of `GOSTW_VM_<key>`, if the guest printed it.
@@ -77,7 +93,7 @@ const BOOT_LIMIT: Duration = Duration::from_secs(180);
 /// The guest never reached its tests within [`BOOT_LIMIT`]: no test ran, so
 /// the boot may be tried again.
 #[derive(Debug)]
-pub struct NotBooted;
+pub struct NotBooted(pub LastSeen);
 
 impl std::fmt::Display for NotBooted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -108,7 +124,7 @@ const HOST_QUIET_LIMIT: Duration = Duration::from_secs(690);
 /// boots that never reach their tests. Killed; the boot may be tried once
 /// more, and its console is kept.
 #[derive(Debug)]
-pub struct GuestStalled(pub String);
+pub struct GuestStalled(pub String, pub LastSeen);
 
 impl std::fmt::Display for GuestStalled {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -124,7 +140,7 @@ impl std::error::Error for GuestStalled {}
 /// another vCPU (6.12 under TCG, 2026-12-04), a race of the emulator's, not
 /// of a test. The run may be tried again; the console is kept.
 #[derive(Debug)]
-pub struct GuestPanicked(pub String);
+pub struct GuestPanicked(pub String, pub LastSeen);
 
 impl std::fmt::Display for GuestPanicked {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -246,6 +262,7 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
     let mut deadline = started + boot.timeout;
     let booting = started + BOOT_LIMIT;
     let mut last_line = Instant::now();
+    let mut tail: std::collections::VecDeque<String> = Default::default();
     let outcome = loop {
         let testing = report.boot_time.is_some() && report.exit_code.is_none();
         let until = if report.boot_time.is_none() {
@@ -263,9 +280,14 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
         last_line = Instant::now();
         match got {
             Ok(line) => {
-                println!("{line}");
+                println!("{}{line}", boot.label);
                 writeln!(log, "{line}")?;
                 report.tests_run += tests_started(&line).unwrap_or(0);
+                report.tests.line(&line, last_line);
+                if tail.len() == TAIL_LINES {
+                    tail.pop_front();
+                }
+                tail.push_back(line.clone());
                 if death.is_none() {
                     death = kernel_death(&line).map(str::to_owned);
                 }
@@ -299,10 +321,14 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
     if report.exit_code.is_none() {
         report.total_time = started.elapsed();
     }
+    let seen = LastSeen {
+        test: report.tests.running().map(str::to_owned),
+        tail: tail.into(),
+    };
     if matches!(outcome, Outcome::TimedOut) && report.boot_time.is_none() {
         let _ = child.kill();
         let _ = child.wait();
-        return Err(NotBooted.into());
+        return Err(NotBooted(seen).into());
     }
     if matches!(outcome, Outcome::TimedOut) && report.exit_code.is_some() {
         eprintln!("the guest did not power off; stopping QEMU");
@@ -312,7 +338,7 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
         let _ = child.kill();
         let _ = child.wait();
         if let Some(why) = stalled {
-            return Err(GuestStalled(why).into());
+            return Err(GuestStalled(why, seen).into());
         }
         bail!(
             "the VM did not finish within {:?} (killed; console log: {}). \
@@ -323,7 +349,7 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
     }
     let status = child.wait()?;
     if let (None, Some(why)) = (report.exit_code, death) {
-        return Err(GuestPanicked(why).into());
+        return Err(GuestPanicked(why, seen).into());
     }
     if report.exit_code.is_none() {
         bail!(
