@@ -71,7 +71,14 @@ fn main() -> std::process::ExitCode {
         Task::Dist(opts) => dist::run(&opts),
         Task::Bench(opts) => bench::run(&opts),
         Task::Book(opts) => book::run(&opts),
-        Task::VmTest(opts) => vm::run(&opts, &mut vm::VmRun::default()),
+        Task::VmTest(opts) => {
+            let mut out = vm::VmRun::default();
+            let r = vm::run(&opts, &mut out);
+            for reboot in &out.reboots {
+                eprint!("{reboot}");
+            }
+            r
+        }
         Task::SoakAgent(opts) => soak::run(&opts),
         Task::Scenario(opts) => scenario::run(&opts),
         Task::Fuzz(opts) => fuzz::run(&opts),

@@ -367,15 +367,7 @@ fn summary(seen: &Seen, total: Duration, opts: &Options) {
         }
     }
     for r in &seen.reboots {
-        eprintln!(
-            "  REBOOTED {} once: {} (in {})",
-            r.kernel,
-            r.why,
-            r.test.as_deref().unwrap_or("no test")
-        );
-        for line in &r.tail {
-            eprintln!("    | {line}");
-        }
+        eprint!("{r}");
     }
     // A run that asked for part of the suite has no budget to keep.
     let whole = opts.kernel_test_args.is_empty() && !opts.no_vm && opts.repeat == 1;

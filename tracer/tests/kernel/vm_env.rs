@@ -167,3 +167,19 @@ fn the_guests_gostw_is_the_static_release_binary() {
         data.len()
     );
 }
+
+/// A guest stall made on purpose, to show what the suite does with one: it
+/// prints nothing for twice the guest's quiet limit (`GOSTW_VM_QUIET_SECS`),
+/// so the guest's watchdog takes it as stalled, the host boots the guest
+/// once more, and the second stall fails the run, with the test and the
+/// console's last lines in the summary. Run by hand:
+/// `cargo xtask vm-test --quiet-limit-secs 45 -- --ignored vm_env::a_guest_stall_on_purpose`.
+#[test]
+#[ignore = "a guest stall on purpose: run with cargo xtask vm-test --quiet-limit-secs 45 -- --ignored"]
+fn a_guest_stall_on_purpose() {
+    let quiet: u64 = std::env::var("GOSTW_VM_QUIET_SECS")
+        .expect("GOSTW_VM_QUIET_SECS is not set: this test runs in the VM only")
+        .parse()
+        .expect("GOSTW_VM_QUIET_SECS is a number of seconds");
+    std::thread::sleep(std::time::Duration::from_secs(2 * quiet));
+}

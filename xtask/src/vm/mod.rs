@@ -90,6 +90,10 @@ pub struct Options {
     /// Guest memory in MiB.
     #[arg(long, default_value_t = 2048)]
     pub memory_mib: u32,
+    /// Seconds the guest's tests may print nothing before its watchdog
+    /// takes the guest as stalled (and the boot is tried once more).
+    #[arg(long, default_value_t = qemu::GUEST_QUIET_LIMIT.as_secs(), value_parser = clap::value_parser!(u64).range(30..))]
+    pub quiet_limit_secs: u64,
     /// Test name filters and other arguments for the kernel test binary
     /// (default: the VM suite's own list).
     #[arg(last = true)]
@@ -103,6 +107,7 @@ impl Default for Options {
             kernel: "debian-6.1".to_owned(),
             timeout_minutes: None,
             memory_mib: 2048,
+            quiet_limit_secs: qemu::GUEST_QUIET_LIMIT.as_secs(),
             test_args: Vec::new(),
         }
     }
@@ -168,6 +173,24 @@ impl Reboot {
             tail: seen.tail.clone(),
             console,
         })
+    }
+}
+
+impl std::fmt::Display for Reboot {
+    /// The summary's lines for it: what ended the first boot, in which
+    /// test, and that boot's last console lines.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "  REBOOTED {} once: {} (in {})",
+            self.kernel,
+            self.why,
+            self.test.as_deref().unwrap_or("no test")
+        )?;
+        for line in &self.tail {
+            writeln!(f, "    | {line}")?;
+        }
+        Ok(())
     }
 }
 
@@ -238,6 +261,7 @@ pub fn run(opts: &Options, out: &mut VmRun) -> anyhow::Result<()> {
             kernel_name: &name,
             // Two minutes before the deadline (booting takes well under one).
             stall_secs: (timeout_minutes * 60).saturating_sub(120).max(60),
+            quiet_secs: opts.quiet_limit_secs,
         },
         &work.join("root"),
         &initrd,
@@ -264,6 +288,7 @@ pub fn run(opts: &Options, out: &mut VmRun) -> anyhow::Result<()> {
             timeout: Duration::from_secs(timeout_minutes * 60),
             log: &log,
             label: &label,
+            quiet: Duration::from_secs(opts.quiet_limit_secs),
         });
         let _ = fs::remove_file(&swap);
         report
@@ -316,7 +341,7 @@ pub fn run(opts: &Options, out: &mut VmRun) -> anyhow::Result<()> {
     eprintln!(
         "  quiet        {:.0?} at most (a stall is taken at {:?})",
         report.longest_quiet,
-        qemu::GUEST_QUIET_LIMIT
+        Duration::from_secs(opts.quiet_limit_secs)
     );
     eprintln!("  boot         {boot:.1?} (QEMU start to tests start)");
     eprintln!(

@@ -236,6 +236,9 @@ pub struct Payload<'a> {
     /// Seconds after which the guest, tests still running, prints where
     /// every task waits (before the host's deadline kills it).
     pub stall_secs: u64,
+    /// How long the tests may print nothing before the guest's watchdog
+    /// says it stalled.
+    pub quiet_secs: u64,
 }
 
 /// Stage the guest's root file system in `stage` and pack it into the
@@ -347,6 +350,7 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
                 .join(","),
         ),
         ("GOSTW_PREBUILT_WORKLOADS", GUEST_WORKLOADS.to_owned()),
+        ("GOSTW_VM_QUIET_SECS", p.quiet_secs.to_string()),
         ("RUST_BACKTRACE", "1".to_owned()),
     ];
     let init = include_str!("init.sh")
@@ -363,10 +367,7 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
         )
         .replace("@LINKS@", &link_commands(&links)?)
         .replace("@STALL_SECS@", &p.stall_secs.to_string())
-        .replace(
-            "@QUIET_SECS@",
-            &super::qemu::GUEST_QUIET_LIMIT.as_secs().to_string(),
-        )
+        .replace("@QUIET_SECS@", &p.quiet_secs.to_string())
         .replace(
             "@GOSTW_BIN@",
             &shell_quote(&guest_path(&root, &p.binaries.gostw)?.to_string_lossy()),

@@ -31,6 +31,9 @@ pub struct Boot<'a> {
     /// Put before every console line on our stdout (guests may run side by
     /// side).
     pub label: &'a str,
+    /// How long the tests may print nothing before the guest's watchdog
+    /// says it stalled ([`GUEST_QUIET_LIMIT`] unless asked otherwise).
+    pub quiet: Duration,
 }
 
 /// What the guest reported.
@@ -114,9 +117,10 @@ pub const GUEST_QUIET_LIMIT: Duration = Duration::from_secs(600);
 /// After the guest said it stalled, time for it to print its tasks.
 const STALL_DUMP: Duration = Duration::from_secs(60);
 
-/// With no line at all for this long while the tests run, the guest is
-/// stalled even if its watchdog could not say so.
-const HOST_QUIET_LIMIT: Duration = Duration::from_secs(690);
+/// With no line at all for this long past the guest's own quiet limit while
+/// the tests run, the guest is stalled even if its watchdog could not say
+/// so (the watchdog looks every 15 s).
+const HOST_QUIET_GRACE: Duration = Duration::from_secs(90);
 
 /// The guest stopped making progress in its tests (its watchdog's
 /// `GOSTW_VM_SILENT`, or a silent console): seen once, a 5.10 guest silent
@@ -268,7 +272,7 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
         let until = if report.boot_time.is_none() {
             deadline.min(booting)
         } else if testing {
-            deadline.min(last_line + HOST_QUIET_LIMIT)
+            deadline.min(last_line + boot.quiet + HOST_QUIET_GRACE)
         } else {
             deadline
         };
@@ -310,7 +314,10 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 if testing && stalled.is_none() && Instant::now() < deadline {
-                    stalled = Some(format!("no console output for {HOST_QUIET_LIMIT:?}"));
+                    stalled = Some(format!(
+                        "no console output for {:?}",
+                        boot.quiet + HOST_QUIET_GRACE
+                    ));
                 }
                 break Outcome::TimedOut;
             }
