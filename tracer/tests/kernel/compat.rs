@@ -155,6 +155,13 @@ fn variants_explain_the_same_pauses_and_their_cost_is_measured() {
         for (run, s) in [("native", &native), ("forced", &forced)] {
             if let Some((runs, ns)) = cost(s, name) {
                 eprintln!("GOSTW_COMPAT_COST {run:<6} {name:<24} {runs:>9} runs {ns:>9.0} ns/run");
+                // Measured: the kernel's statistics gave each program that
+                // ran a run time (the figures are `cargo xtask bench
+                // compat`'s to compare).
+                assert!(
+                    runs == 0 || ns > 0.0,
+                    "{run} {name}: {runs} runs and no run time measured"
+                );
             }
         }
     }

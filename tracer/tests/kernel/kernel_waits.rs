@@ -128,8 +128,13 @@ fn sleeps_on_the_address_space_lock_are_named_and_the_control_has_none() {
     assert!(with.len() >= 20, "{} pauses with the holder", with.len());
     let mut waiting = 0;
     for p in with {
-        if let Some(b) = p.get("breakdown") {
-            assert_eq!(parts_sum(b), ns(&p["duration_ns"]), "{p}");
+        // Every slow pause has its breakdown, and its parts add up to it.
+        match p.get("breakdown") {
+            Some(b) => assert_eq!(parts_sum(b), ns(&p["duration_ns"]), "{p}"),
+            None => assert!(
+                ns(&p["duration_ns"]) < MS,
+                "a pause of 1 ms or more without a breakdown: {p}"
+            ),
         }
         let waits = lock_waits(p);
         for w in &waits {
@@ -149,7 +154,7 @@ fn sleeps_on_the_address_space_lock_are_named_and_the_control_has_none() {
     // The slow pauses' time is mostly named (seen: 70-149 of 76-155 ms).
     let slow: Vec<&Value> = with
         .iter()
-        .filter(|p| ns(&p["duration_ns"]) >= MS && p.get("breakdown").is_some())
+        .filter(|p| ns(&p["duration_ns"]) >= MS)
         .collect();
     let total: u64 = slow.iter().map(|p| ns(&p["duration_ns"])).sum();
     let named: u64 = slow
@@ -243,9 +248,9 @@ fn slow_parts(pauses: &[Value]) -> (serde_json::Map<String, Value>, u64, usize) 
     let mut total = 0;
     let mut n = 0;
     for p in pauses.iter().filter(|p| ns(&p["duration_ns"]) >= MS) {
-        let Some(b) = p["breakdown"].as_object() else {
-            continue;
-        };
+        let b = p["breakdown"]
+            .as_object()
+            .unwrap_or_else(|| panic!("a pause of 1 ms or more without a breakdown: {p}"));
         assert_eq!(parts_sum(&p["breakdown"]), ns(&p["duration_ns"]), "{p}");
         n += 1;
         total += ns(&p["duration_ns"]);
@@ -363,39 +368,14 @@ fn minor_faults_of_laggards_are_named_and_a_spinner_has_none() {
     );
 }
 
-/// Transparent huge pages where a program asks for them (`madvise`), for
-/// as long as this lives (the setting before is put back).
-struct HugePagesOnRequest(Option<String>);
-
-const THP: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
-
-impl HugePagesOnRequest {
-    fn new() -> HugePagesOnRequest {
-        let now = std::fs::read_to_string(THP).unwrap_or_else(|e| panic!("{THP}: {e}"));
-        if now.contains("[never]") {
-            std::fs::write(THP, "madvise").unwrap_or_else(|e| panic!("{THP}: {e}"));
-            let word = now.split_whitespace().find(|w| w.starts_with('['));
-            return HugePagesOnRequest(word.map(|w| w.trim_matches(['[', ']']).to_owned()));
-        }
-        HugePagesOnRequest(None)
-    }
-}
-
-impl Drop for HugePagesOnRequest {
-    fn drop(&mut self) {
-        if let Some(before) = &self.0 {
-            let _ = std::fs::write(THP, before);
-        }
-    }
-}
-
 /// The slow pauses of two touchers of huge pages (Go's own asynchronous
 /// preemption on: a stop waits only for the fault a toucher is in) in a
 /// 64 MiB memory cgroup with no swap, with or without a writer keeping the
 /// cgroup's page cache full and mostly dirty: the trace, the group's path
 /// and the summed parts of the slow pauses.
 fn in_a_full_cgroup(writer: bool) -> (Trace, String, serde_json::Map<String, Value>, u64, usize) {
-    let _huge = HugePagesOnRequest::new();
+    // Huge pages where a program asks for them.
+    let _huge = crate::support::ThpMode::set("madvise");
     let cg = MemCgroup::create(if writer {
         "gostw-reclaim"
     } else {
@@ -459,7 +439,7 @@ fn pauses_of_a_memory_cgroup_at_its_limit_name_reclaim_and_the_control_none() {
     let pauses = &trace.pauses;
     let explained = pauses
         .iter()
-        .filter(|p| ns(&p["duration_ns"]) >= MS && p.get("breakdown").is_some())
+        .filter(|p| ns(&p["duration_ns"]) >= MS)
         .filter(|p| ns(&p["breakdown"]["unexplained_ns"]) * 10 <= ns(&p["duration_ns"]))
         .count();
     let reclaim_frames = pauses.iter().any(|p| {

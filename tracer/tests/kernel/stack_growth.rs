@@ -76,11 +76,15 @@ fn run_stacks(
 struct StackReport {
     deep_calls: u64,
     deep_goroutines: u64,
+    elapsed_ns: u64,
     peak_goroutines: u64,
     num_gc: u64,
 }
 
 const DEEP: &str = "main.deep19k";
+
+/// How far a duty-cycled exact rate may be from the workload's own count.
+const RATE_TOLERANCE: f64 = 0.35;
 const CALLER: &str = "main.task";
 
 /// Run the workload with `args` under the stack-growth probes of `mode`.
@@ -339,11 +343,19 @@ fn exact_mode_duty_cycle_reports_the_attached_share() {
         seen > 0 && seen < report.deep_goroutines,
         "{seen} of {report:?}"
     );
-    // Rates are per attached second, not diluted by the detached time.
-    let per_elapsed = s.growths as f64 / s.elapsed_secs;
-    let scaled = per_elapsed / s.attached_fraction;
-    assert!((s.growths_per_sec.unwrap() / scaled - 1.0).abs() < 0.01);
-    assert!(s.growths_per_sec.unwrap() > 1.5 * per_elapsed);
+    // Rates are per attached second, not diluted by the detached time: the
+    // rate gostw gives is the workload's own, which it counts itself (each
+    // fresh goroutine grows once, at deep19k), within RATE_TOLERANCE.
+    let truth = report.deep_goroutines as f64 / (report.elapsed_ns as f64 / 1e9);
+    let given = s.growths_per_sec.expect("a growth rate in exact mode");
+    eprintln!(
+        "growths: {given:.0}/s given, {truth:.0}/s by the workload's count ({:.0}/s over all the run)",
+        s.growths as f64 / s.elapsed_secs
+    );
+    assert!(
+        (given / truth - 1.0).abs() <= RATE_TOLERANCE,
+        "{given:.0} growths a second given, {truth:.0} counted by the workload"
+    );
 }
 
 /// The `GOSTW_REPORT` line and gostw's JSON summary in one output.

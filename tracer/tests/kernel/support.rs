@@ -439,3 +439,29 @@ pub fn gostw_stdout(cmd: &mut std::process::Command, what: &str) -> String {
     );
     stdout
 }
+
+/// The kernel's transparent huge page mode (`always`, `madvise`, `never`)
+/// for as long as this lives; the mode before is put back.
+pub struct ThpMode(String);
+
+const THP: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
+
+impl ThpMode {
+    pub fn set(mode: &str) -> ThpMode {
+        let now = std::fs::read_to_string(THP).unwrap_or_else(|e| panic!("{THP}: {e}"));
+        let before = now
+            .split_whitespace()
+            .find(|w| w.starts_with('['))
+            .unwrap_or_else(|| panic!("{THP} names no mode: {now}"))
+            .trim_matches(['[', ']'])
+            .to_owned();
+        std::fs::write(THP, mode).unwrap_or_else(|e| panic!("{THP} = {mode}: {e}"));
+        ThpMode(before)
+    }
+}
+
+impl Drop for ThpMode {
+    fn drop(&mut self) {
+        let _ = std::fs::write(THP, &self.0);
+    }
+}
