@@ -280,6 +280,11 @@ fn guests(
         .iter()
         .partition(|(arch, _, _)| *arch == Arch::Amd64);
     let arm64 = !others.is_empty();
+    if !amd64.is_empty() {
+        // Before the arm64 cross builds take cargo's lock: the amd64 guests
+        // need nothing more from cargo then.
+        vm::payload::build_binaries(Arch::Amd64)?;
+    }
     std::thread::scope(|s| {
         let dist = dist.then(|| {
             s.spawn(|| {
@@ -346,15 +351,26 @@ fn summary(seen: &Seen, total: Duration, opts: &Options) {
             if s.ok { "ok" } else { "FAILED" }
         );
     }
+    let times = workspace_root().join("target/test-times");
+    let _ = std::fs::create_dir_all(&times);
     for (run, log) in &seen.runs {
+        // Every test's time, for whoever looks at where the time goes.
+        let file = times.join(format!("{}.tsv", run.replace([' ', ':', '(', ')'], "_")));
+        let rows: String = log
+            .results
+            .iter()
+            .map(|r| format!("{:.1}\t{}\t{:?}\n", r.took.as_secs_f64(), r.name, r.outcome))
+            .collect();
+        let _ = std::fs::write(&file, rows);
         let slowest: Vec<String> = log
-            .slowest(3)
+            .slowest(5)
             .iter()
             .map(|r| format!("{} {:.0?}", r.name, r.took))
             .collect();
         eprintln!(
-            "  {run}: {} tests; slowest: {}",
+            "  {run}: {} tests (times in {}); slowest: {}",
             log.results.len(),
+            file.display(),
             slowest.join(", ")
         );
         for (name, why) in log.ignored() {

@@ -16,7 +16,7 @@
 
 mod coverage;
 mod kernel;
-mod payload;
+pub mod payload;
 mod qemu;
 
 use std::{fs, time::Duration};

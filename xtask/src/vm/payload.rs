@@ -53,6 +53,7 @@ const GUEST_CHECKOUT: &str = "/gostw/checkout";
 const GUEST_BIN: &str = "/gostw/bin";
 
 /// Host-built binaries the guest runs, all of one architecture.
+#[derive(Clone)]
 pub struct Binaries {
     pub arch: Arch,
     /// The kernel test binary (`--test kernel`).
@@ -71,6 +72,19 @@ pub struct Binaries {
 /// builds (the host's kernel test step runs the same binary); for arm64
 /// they are cross-built and static, like the release binary.
 pub fn build_binaries(arch: Arch) -> anyhow::Result<Binaries> {
+    // Built once per run and architecture: guests of one architecture boot
+    // one after the other, while another architecture's cross builds may
+    // hold cargo's lock for minutes.
+    static BUILT: std::sync::Mutex<Vec<Binaries>> = std::sync::Mutex::new(Vec::new());
+    if let Some(b) = BUILT.lock().unwrap().iter().find(|b| b.arch == arch) {
+        return Ok(b.clone());
+    }
+    let built = build_binaries_now(arch)?;
+    BUILT.lock().unwrap().push(built.clone());
+    Ok(built)
+}
+
+fn build_binaries_now(arch: Arch) -> anyhow::Result<Binaries> {
     step(&format!(
         "build the kernel test binary (for the {} guest)",
         arch.name()
