@@ -1,7 +1,9 @@
 //! The book's reference pages that cannot drift from the code: the CLI page
 //! is rendered from the clap definitions (`cargo xtask book` writes it), and
 //! the unit tests check that every metric the agent registers and every
-//! field of the JSON records is named on its page.
+//! field of the JSON records is named on its page. `figures` (tests only)
+//! checks that every measured figure in the book names the test or bench
+//! that prints it.
 
 use std::{collections::BTreeSet, fmt::Write as _};
 
@@ -98,5 +100,7 @@ pub fn missing<'a>(doc: &str, names: impl IntoIterator<Item = &'a String>) -> Ve
         .collect()
 }
 
+#[cfg(test)]
+mod figures;
 #[cfg(test)]
 mod tests;

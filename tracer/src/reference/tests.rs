@@ -1,11 +1,12 @@
 //! The reference pages against the code: the CLI page is what clap renders,
-//! and every metric and JSON field is named on its page.
+//! every metric and JSON field is named on its page, and every measured
+//! figure in the book names a test, bench or commit that is there.
 
 use std::{collections::BTreeSet, path::PathBuf, sync::Arc};
 
 use prometheus_client::encoding::text::encode;
 
-use super::*;
+use super::{figures::*, *};
 use crate::{
     image::Frame,
     memory::{
@@ -447,4 +448,116 @@ fn each_check_fails_when_its_page_drops_a_name() {
     let (_, doc) = page("json.md");
     let doc = doc.replace("`optional_tracepoints`", "");
     assert_eq!(missing(&doc, &keys), ["optional_tracepoints"]);
+}
+
+/// Every measured figure in the book names a source that is in the tree
+/// (the rule: `figures`' doc comment).
+#[test]
+fn every_figure_in_the_book_names_its_source() {
+    let tree = Tree::workspace();
+    let pages = checked_pages(&tree);
+    for must in [
+        "README.md",
+        "docs/cost-and-accuracy/cost.md",
+        "docs/guide/why-slow.md",
+    ] {
+        assert!(pages.iter().any(|p| p == must), "{must} not in {pages:?}");
+    }
+    let problems: Vec<String> = pages
+        .iter()
+        .flat_map(|p| check(p, &read_page(&tree, p), &tree))
+        .collect();
+    assert!(
+        problems.is_empty(),
+        "figures without a source that resolves ({}):\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
+
+/// The lists of pages left out name pages that exist, so an entry does not
+/// outlive its page.
+#[test]
+fn pages_left_out_of_the_figure_check_exist() {
+    let tree = Tree::workspace();
+    for (page, why) in EXEMPT.iter().chain(NOT_YET_CHECKED) {
+        assert!(!why.is_empty(), "{page}");
+        assert!(!read_page(&tree, page).is_empty(), "{page} does not exist");
+    }
+}
+
+/// The figure check fails on a figure with no source, on sources that name
+/// a test, a bench or a commit that is not there, and on a real page once
+/// the bench it names is removed from the tree.
+#[test]
+fn the_figure_check_fails_on_a_figure_without_a_source_that_resolves() {
+    let tree = Tree::workspace();
+    let fails = |page: &str| !check("t.md", page, &tree).is_empty();
+
+    // A figure, no source.
+    assert!(fails("The stop took 2.5 ms here.\n"));
+    assert!(fails("| workload | 2.5 ms |\n"));
+    assert!(fails("- a pause of 12 us\n"));
+    assert!(fails("Go's own median: 9.2 us.\n<!-- settings: -->\n"));
+    // No figure: code blocks, code spans and counts are not figures.
+    assert!(!fails("```text\npause 2.5 ms\n```\n"));
+    assert!(!fails(
+        "Run it with `--threshold 5ms`: 2 000 pauses, 3 runs.\n"
+    ));
+    // Settings, said so.
+    assert!(!fails(
+        "`--slow-pause` (1 ms) <!-- settings: --slow-pause's default -->\n"
+    ));
+    // ... in a comment, not in a code span that shows one.
+    assert!(fails("Write `<!-- settings: x -->`: 5 ms.\n"));
+
+    // Sources that resolve, and the same sources gone.
+    let bench = "`cargo xtask bench overhead` measured 0.49%.\n";
+    assert!(!fails(bench));
+    assert!(fails(&bench.replace("overhead", "overheads")));
+    let kernel = "`agent_pauses::a_storm_of_slow_pauses_stays_bounded_and_counted`: 41 MB.\n";
+    assert!(!fails(kernel));
+    assert!(fails(&kernel.replace("bounded", "unbounded")));
+    let unit = "`reference::tests::every_metric_is_in_the_metrics_reference`: 20 MB.\n";
+    assert!(!fails(unit));
+    assert!(fails(&unit.replace("every_metric", "each_metric")));
+    assert!(!fails("`cargo xtask soak-agent` measured 0.15 s.\n"));
+    assert!(fails("`cargo xtask soak-forever` measured 0.15 s.\n"));
+    // A source that does not resolve fails even beside one that does.
+    assert!(fails(&format!("{} `cargo xtask bench gone`", bench.trim())));
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=10", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    if let Some(head) = head {
+        assert!(!fails(&format!("Took 5.88 ms (history, commit {head}).\n")));
+        assert!(fails("Took 5.88 ms (history, commit 0123456789abcdef).\n"));
+    }
+
+    // A real page, its bench removed from a copy of the tree: the page,
+    // unchanged, now fails where it names that bench.
+    let (name, bench) = ("docs/cost-and-accuracy/cost.md", "overhead");
+    let page_text = read_page(&tree, name);
+    assert!(check(name, &page_text, &tree).is_empty());
+    let root = std::env::temp_dir().join(format!("gostw-figures-{}", std::process::id()));
+    std::fs::create_dir_all(root.join("xtask/src")).unwrap();
+    let benches = read_page(&tree, "xtask/src/bench.rs");
+    let arm = format!("\"{bench}\" =>");
+    assert!(benches.contains(&arm));
+    std::fs::write(
+        root.join("xtask/src/bench.rs"),
+        benches.replace(&arm, "\"retired\" =>"),
+    )
+    .unwrap();
+    let removed = check(name, &page_text, &Tree::at(root.clone()));
+    std::fs::remove_dir_all(&root).unwrap();
+    assert!(
+        removed
+            .iter()
+            .any(|p| p.contains(&format!("`cargo xtask bench {bench}`: no such bench"))),
+        "{removed:?}"
+    );
 }
