@@ -161,8 +161,9 @@ pub fn fetch(spec: KernelSpec) -> anyhow::Result<Kernel> {
         eprintln!("cached: {}", k.vmlinuz.display());
         return Ok(k);
     }
-    // Per-process scratch names: other worktrees may fetch at the same time.
-    let download = root.join(format!("download-{}", std::process::id()));
+    // Scratch names per process and package: other worktrees, and guests
+    // of this run booting side by side, may fetch at the same time.
+    let download = root.join(format!("download-{}-{package}", std::process::id()));
     let _ = fs::remove_dir_all(&download);
     fs::create_dir_all(&download)?;
     let mut packages = vec![spec.apt_name(&package)];
