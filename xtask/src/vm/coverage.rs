@@ -78,7 +78,7 @@ pub const COVERAGE: &[Row] = &[
         why: "the probed functions differ on each kernel (lock, swap read, per-VMA locks); arm64's argument registers",
     },
     Row {
-        test: "faults::tracepoint_backend_with_explain",
+        test: "faults::tracepoint_backend_with_explain_runs_one_switch_program",
         kernels: OLD_HELPERS_NEW_ARM,
         why: "variants on 5.10; 6.1 has no filemap:mm_filemap_fault; arm64 begins faults at the perf event",
     },
