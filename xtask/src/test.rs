@@ -31,6 +31,9 @@ pub struct Options {
     /// Skip the VM step (kernel tests on a distro kernel under QEMU).
     #[arg(long)]
     pub no_vm: bool,
+    /// Skip the host's kernel tests (to run the guests alone).
+    #[arg(long)]
+    pub no_host: bool,
     /// Kernels the VM step boots, one after the other (`cargo xtask vm-test
     /// --kernel` names; `arm64:NAME` for an arm64 guest).
     #[arg(long, value_delimiter = ',', default_values_t = vm::CI_KERNELS.map(String::from))]
@@ -185,37 +188,40 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             } else {
                 String::new()
             };
-            let r = timed(&seen, &format!("kernel tests{of}"), || {
-                step(&format!(
-                    "kernel tests (real eBPF programs, real Go binaries; serial){of}"
-                ));
-                if !setup::is_root() {
-                    bail!(
-                        "the kernel tests load eBPF programs and need root: run `sudo -E cargo xtask test`"
-                    );
-                }
-                let mut cmd = kernel_tests();
-                cmd.args(["--", "--test-threads=1"])
-                    .args(vm::HOST_SKIP.iter().flat_map(|(t, _)| ["--skip", *t]))
-                    .args(&opts.kernel_test_args)
-                    .env("GOSTW_GO_MATRIX", go::matrix_env())
-                    .env("GOSTW_CADDY", setup::caddy_path())
-                    .env("GOSTW_OTLP_PYTHONPATH", setup::otlp_receiver_path())
-                    .env("GOSTW_RELEASE_BIN", &release);
-                let mut log = TestLog::default();
-                let r = tally.run(&mut cmd, &mut log);
-                seen.lock().unwrap().runs.push((format!("host{of}"), log));
-                r
-            });
-            if opts.repeat == 1 {
-                r?;
-            }
-            // The static builds, the package and the images are checked
-            // beside the guests (round 1): they take little CPU, the guests
-            // wait on the emulator.
+            let host = if opts.no_host {
+                Ok(())
+            } else {
+                timed(&seen, &format!("kernel tests{of}"), || {
+                    step(&format!(
+                        "kernel tests (real eBPF programs, real Go binaries; serial){of}"
+                    ));
+                    if !setup::is_root() {
+                        bail!(
+                            "the kernel tests load eBPF programs and need root: run `sudo -E cargo xtask test`"
+                        );
+                    }
+                    let mut cmd = kernel_tests();
+                    cmd.args(["--", "--test-threads=1"])
+                        .args(vm::HOST_SKIP.iter().flat_map(|(t, _)| ["--skip", *t]))
+                        .args(&opts.kernel_test_args)
+                        .env("GOSTW_GO_MATRIX", go::matrix_env())
+                        .env("GOSTW_CADDY", setup::caddy_path())
+                        .env("GOSTW_OTLP_PYTHONPATH", setup::otlp_receiver_path())
+                        .env("GOSTW_RELEASE_BIN", &release);
+                    let mut log = TestLog::default();
+                    let r = tally.run(&mut cmd, &mut log);
+                    seen.lock().unwrap().runs.push((format!("host{of}"), log));
+                    r
+                })
+            };
+            // The guests run whatever the host's tests gave: one run of
+            // the suite shows every failure. The static builds, the package
+            // and the images are checked beside the guests (round 1): they
+            // take little CPU, the guests wait on the emulator.
             let dist = round == 1;
             let vm_ok = guests(opts, &release, dist, &of, &seen, &mut tally);
             if opts.repeat == 1 {
+                host?;
                 vm_ok?;
             }
         }
@@ -386,7 +392,8 @@ fn summary(seen: &Seen, total: Duration, opts: &Options) {
         eprint!("{r}");
     }
     // A run that asked for part of the suite has no budget to keep.
-    let whole = opts.kernel_test_args.is_empty() && !opts.no_vm && opts.repeat == 1;
+    let whole =
+        opts.kernel_test_args.is_empty() && !opts.no_vm && !opts.no_host && opts.repeat == 1;
     if whole {
         if total <= BUDGET {
             eprintln!("  within the budget: {total:.0?} of {BUDGET:.0?}");
