@@ -4,7 +4,7 @@
 //!   (`GODEBUG=asyncpreemptoff=1`) holds every stop: each pause that waited
 //!   for it names `main.spinner` as its laggard, the code that held the
 //!   world (`main.spinLoop`, the leaf loop it calls, sampled while the world
-//!   waited) innermost in at least 90% of them (80% under QEMU) and where it stopped apart,
+//!   waited) innermost in at least 90% of them and where it stopped apart,
 //!   and the breakdown leaves at most 10% unexplained in at least 80% of the
 //!   pauses of 1 ms or more;
 //! - the same spinner under other names is named as itself, not as
@@ -22,8 +22,7 @@ use std::{
 use serde_json::Value;
 
 use crate::support::{
-    GoToolchain, build_workload, go_matrix, gostw_stdout, json_records, newest_go, ns,
-    require_root, vm_kernel,
+    GoToolchain, build_workload, go_matrix, gostw_stdout, json_records, newest_go, ns, require_root,
 };
 
 const GOSTW: &str = env!("CARGO_BIN_EXE_gostw");
@@ -114,10 +113,10 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
             "Go {v}: only {} pauses of 1 ms or more: the spinner did not hold the stops",
             slow.len()
         );
-        // A pause that waited for a stop waited for the spinner. Most slow
-        // pauses waited: 90% and more on a real CPU; under QEMU the world's
-        // own work and a stop just short of 1 ms make some pauses of 1-2 ms
-        // that did not (2 to 4 of 33-53 on 5.10), hence four in five.
+        // A pause that waited for a stop waited for the spinner: 90% and
+        // more of the slow pauses waited. (This test runs on the host only:
+        // under QEMU the emulated timing, not gostw, decides what is on a
+        // vCPU; see the VM page's coverage table.)
         let waited: Vec<&&Value> = slow
             .iter()
             .filter(|p| ns(&p["stopping_ns"]) >= MS)
@@ -139,7 +138,7 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
             );
         }
         assert!(
-            waited.len() * 10 >= slow.len() * 8,
+            waited.len() * 10 >= slow.len() * 9,
             "Go {v}: {} of {} slow pauses waited 1 ms to stop; the others:\n{}",
             waited.len(),
             slow.len(),
@@ -149,13 +148,10 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
         // wait instead for another M that needed a CPU to reach its stop
         // (the spinner already stopped): that laggard waited to run. Every
         // other waiting pause waited for the spinner, which must be named in
-        // most of them.
-        // A pause with no laggard at all, its stopping thread asleep on
-        // nothing gostw saw: 0 to 3 of 26-42 pauses that waited per
-        // version (Go 1.24, 1.25 and 1.27), more on a busy host, until a
-        // laggard the sampler found running was kept when its switch-out
-        // came only after the restart began (user space dropped it). Still
-        // counted and bounded, not failed: none seen since.
+        // most of them. Every pause that waited has a laggard: the pauses
+        // without one (a laggard the sampler found running, dropped when
+        // its switch-out came after the restart began) are gone since that
+        // was fixed.
         let (mut contended, mut held, mut unseen, mut preempted, mut unlisted) = (0, 0, 0, 0, 0);
         for p in &waited {
             let l = &p["laggards"][0];
@@ -169,29 +165,9 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
                 continue;
             }
             if !names_spinner(p) {
-                // Or another M was held in the kernel, named by its kind for
-                // at least half the time it held the stop (seen under QEMU:
-                // `main.main` allocating, 5 ms in page faults clearing a
-                // fresh huge page, which emulation makes slow).
-                let kernel = &l["kernel"];
-                let in_kernel = kernel["kind"].is_string() && ns(&kernel["ns"]) * 2 >= ns(&l["ns"]);
-                // Or an M held inside the runtime's own code, which reaches
-                // its safe points by itself: the scheduler looking for work,
-                // the scavenger, an allocation (seen under QEMU on 5.10: the
-                // scheduler, 4.6 ms with every clock read a system call on
-                // the emulated HPET; the scavenger, 1.1 ms; `main.main`
-                // building its live heap, in `mallocgcLarge`, 1.5 ms; under
-                // arm64 emulation, the background sweeper, 2.6 ms, its
-                // innermost frame an atomic of `internal/runtime/atomic`
-                // inlined into the runtime). No code of the program's own
-                // but the spinner's holds a stop.
-                let in_runtime = functions(&l["frames"]).first().is_some_and(|f| {
-                    f.starts_with("runtime.") || f.starts_with("internal/runtime/")
-                });
                 assert!(
-                    l["state"] == "runnable" || in_kernel || in_runtime,
-                    "Go {v}: laggard not named, and the one named neither waited for a CPU, nor \
-                     was held in the kernel, nor ran the runtime's own code: {p}"
+                    l["state"] == "runnable",
+                    "Go {v}: laggard not named, and the one named did not wait for a CPU: {p}"
                 );
                 contended += 1;
                 continue;
@@ -207,17 +183,14 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
                 (ns(&l["on_cpu_ns"]) + ns(&l["runnable_ns"])) * 2 >= ns(&l["ns"]),
                 "Go {v}: the spinner neither ran nor waited to run: {p}"
             );
-            // Never on a CPU only if it waited for one the whole time (seen
-            // under QEMU on 5.10: preempted by the kernel just before the
-            // stop, 5.5 ms runnable).
-            assert!(
-                ns(&l["on_cpu_ns"]) > 0 || l["state"] == "runnable",
-                "Go {v}: never on a CPU, nor waiting for one: {p}"
-            );
+            assert!(ns(&l["on_cpu_ns"]) > 0, "Go {v}: never on a CPU: {p}");
             // The M list is read when the stop begins: an M taking its P
             // back just then (after the last restart) is not on it yet, and
             // only the sampler finds the spinner (seen once: a 18.8 ms pause,
-            // 19 samples, Go 1.24). Counted, and bounded below.
+            // 19 samples, Go 1.24). Reading the list again once the world
+            // is stopped would need a probe inside the pause window, a trap
+            // on every pause's path (what the cost page's budget forbids),
+            // so it is counted, and bounded below.
             if l["running_goroutine"] != true {
                 eprintln!("Go {v}: the spinner was not on the M list: {p}");
                 unlisted += 1;
@@ -286,8 +259,9 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
             slow.len(),
             waited.len()
         );
-        assert!(
-            unseen * 5 <= waited.len(),
+        assert_eq!(
+            unseen,
+            0,
             "Go {v}: {unseen} of {} pauses that waited had no laggard",
             waited.len()
         );
@@ -303,11 +277,8 @@ fn a_spinning_goroutine_is_named_as_the_laggard_and_the_breakdown_explains_the_p
             waited.len() - contended - unseen - unlisted,
             waited.len() - contended - unseen
         );
-        // 90% on a real CPU; under QEMU 35 of 39 once (6.1, Go 1.27), so
-        // four in five there.
-        let share = if vm_kernel().is_some() { 8 } else { 9 };
         assert!(
-            held * 10 >= (waited.len() - contended - unseen) * share,
+            held * 10 >= (waited.len() - contended - unseen) * 9,
             "Go {v}: main.spinLoop innermost in only {held} of the {} pauses the spinner held",
             waited.len() - contended - unseen
         );
