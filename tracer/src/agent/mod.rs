@@ -207,7 +207,7 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
     );
     let otlp = match &args.otlp {
         Some(o) => {
-            let sink = OtlpSink::start(o)?;
+            let sink = OtlpSink::start(o, &metrics.outputs)?;
             crate::say!(
                 "gostw agent: sending metrics every {:?} and slow-pause records over OTLP ({}) to {}",
                 o.interval,

@@ -10,10 +10,14 @@
 //! - Logs: one record per slow pause, its body the line `/debug/pauses`
 //!   serves for it (the same `id`), its event name `gostw.slow_pause`.
 //!
+//! Each export is cut at a timeout and counted by result (`counted`).
+//!
 //! The resource is the agent's host (`service.*`, `host.*`, and whatever
 //! `OTEL_RESOURCE_ATTRIBUTES` adds); one agent reports many processes, so
 //! each point and record carries its process's attributes in the semantic
 //! conventions' names (`process.*`, `k8s.*`) plus `gostw.*` for the rest.
+
+mod counted;
 
 use std::{
     collections::HashMap,
@@ -34,12 +38,13 @@ use opentelemetry_sdk::{
     metrics::{Aggregation, Instrument, PeriodicReader, SdkMeterProvider, Stream},
 };
 
+use self::counted::{Counted, ExportCounters};
 use crate::{
     model::{
         labels::ProcessLabels,
         observed::{Observed, Sink},
     },
-    sink::slow_pauses::SlowPause,
+    sink::{metrics::outputs::OutputMetrics, slow_pauses::SlowPause},
 };
 
 /// How the agent reaches its OTLP receiver.
@@ -133,6 +138,12 @@ impl HttpClient for OnRuntime {
 /// Longest an HTTP export may take.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Longest any export may take: the metrics' interval, within 1 to 10 s,
+/// so a receiver that never answers holds up one export, not the next.
+fn export_timeout(interval: Duration) -> Duration {
+    interval.clamp(Duration::from_secs(1), HTTP_TIMEOUT)
+}
+
 /// A process's attributes on every point and record.
 fn process_attributes(l: &ProcessLabels) -> Vec<KeyValue> {
     let mut a = vec![
@@ -164,7 +175,8 @@ fn resource(host: &str) -> Resource {
 }
 
 impl OtlpSink {
-    pub fn start(o: &OtlpOptions) -> anyhow::Result<OtlpSink> {
+    /// Start the exporters; their exports are counted in `outputs`.
+    pub fn start(o: &OtlpOptions, outputs: &OutputMetrics) -> anyhow::Result<OtlpSink> {
         // The SDK's reader and log processor run threads of their own; the
         // exporters' clients need a tokio runtime that keeps running.
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -208,10 +220,20 @@ impl OtlpSink {
                 }
             };
         }
-        let metrics = exporter!(MetricExporter::builder(), "/v1/metrics")
-            .context("the OTLP metric exporter")?;
-        let logs =
-            exporter!(LogExporter::builder(), "/v1/logs").context("the OTLP log exporter")?;
+        let timeout = export_timeout(o.interval);
+        let metrics = Counted::new(
+            exporter!(MetricExporter::builder(), "/v1/metrics")
+                .context("the OTLP metric exporter")?,
+            timeout,
+            runtime.handle().clone(),
+            ExportCounters::of(outputs, "metrics"),
+        );
+        let logs = Counted::new(
+            exporter!(LogExporter::builder(), "/v1/logs").context("the OTLP log exporter")?,
+            timeout,
+            runtime.handle().clone(),
+            ExportCounters::of(outputs, "logs"),
+        );
         let resource = resource(&o.host_name);
         let meters = SdkMeterProvider::builder()
             .with_resource(resource.clone())
