@@ -1,4 +1,4 @@
-//! The HTTP side: `/metrics`, `/healthz`, the profiles
+//! The HTTP side: `/metrics`, `/healthz` and `/readyz` (see `health`), the profiles
 //! (`/debug/pprof/faults`, `/debug/pprof/stackgrowth`, see `pprof`) and the
 //! slow-pause records (`/debug/pauses`, see `pauses`), served
 //! by axum on a tokio runtime of its own thread, so a slow `/proc` poll or
@@ -25,6 +25,7 @@ use axum::{
 };
 use prometheus_client::encoding::text::encode;
 
+use super::health::Health;
 use crate::sink::metrics::Metrics;
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -58,12 +59,13 @@ pub fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
+    health: Arc<Health>,
     profiles: Profiles,
     pauses: Pauses,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let app = router(metrics, profiles, pauses);
+    let app = router(metrics, health, profiles, pauses);
     // The peer's address decides who gets profiles.
     axum::serve(
         listener,
@@ -75,26 +77,43 @@ pub async fn serve(
 }
 
 /// Every route of the agent.
-pub fn router(metrics: Arc<Metrics>, profiles: Profiles, pauses: Pauses) -> Router {
+pub fn router(
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    profiles: Profiles,
+    pauses: Pauses,
+) -> Router {
+    let live = health.clone();
+    let ready = health.clone();
     Router::new()
         .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(move || async move { verdict(live.live()) }))
+        .route("/readyz", get(move || async move { verdict(ready.ready()) }))
         .route(
             "/",
             get(|| async {
-                "gostw agent: /metrics (Prometheus), /healthz, /debug/pauses, /debug/pprof/pauses, /debug/pprof/faults, /debug/pprof/stackgrowth?seconds=N\n"
+                "gostw agent: /metrics (Prometheus), /healthz, /readyz, /debug/pauses, /debug/pprof/pauses, /debug/pprof/faults, /debug/pprof/stackgrowth?seconds=N\n"
             }),
         )
-        .with_state(metrics)
+        .with_state((metrics, health))
         .merge(pprof::routes(profiles))
         .merge(pauses::routes(pauses))
 }
 
+/// A health check's answer: 200 and its body, or 503 and why.
+fn verdict(v: Result<String, String>) -> (StatusCode, String) {
+    match v {
+        Ok(body) => (StatusCode::OK, body),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    }
+}
+
 async fn metrics_handler(
-    State(metrics): State<Arc<Metrics>>,
+    State((metrics, health)): State<(Arc<Metrics>, Arc<Health>)>,
     headers: HeaderMap,
 ) -> impl IntoResponse {
     let started = Instant::now();
+    health.refresh(&metrics);
     let openmetrics = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
