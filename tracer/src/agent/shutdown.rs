@@ -138,3 +138,49 @@ impl Flushed {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An HTTP server that does not stop (a client holds its connection)
+    /// is left behind at the deadline, and said.
+    #[test]
+    fn what_does_not_stop_by_the_deadline_is_left_behind_and_said() {
+        let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel();
+        let (_served_tx, served_rx) = mpsc::channel();
+        let started = Instant::now();
+        let flushed = Flush {
+            log: None,
+            otlp: None,
+            server: (stop_tx, served_rx),
+        }
+        .within(started + Duration::from_millis(100));
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(100) && took < Duration::from_secs(1),
+            "{took:?}"
+        );
+        assert!(
+            stop_rx.try_recv().is_ok(),
+            "the server was not told to stop"
+        );
+        assert!(flushed.served.is_ok());
+        assert_eq!(
+            flushed.left_behind(),
+            "; left behind at the deadline: open HTTP connections"
+        );
+
+        // One that stops in time: nothing said.
+        let (stop_tx, _stop_rx) = tokio::sync::oneshot::channel();
+        let (served_tx, served_rx) = mpsc::channel();
+        served_tx.send(Ok(())).unwrap();
+        let flushed = Flush {
+            log: None,
+            otlp: None,
+            server: (stop_tx, served_rx),
+        }
+        .within(Instant::now() + Duration::from_secs(5));
+        assert_eq!(flushed.left_behind(), "");
+    }
+}
