@@ -184,6 +184,58 @@ mod tests {
         );
     }
 
+    /// /healthz and /readyz through the router: what the agent's health
+    /// says, as status and body.
+    #[tokio::test]
+    async fn the_health_routes_answer_what_the_loop_and_outputs_say() {
+        use tower::ServiceExt as _;
+
+        use crate::sink::{
+            profile::store::Store,
+            slow_pauses::{SlowPauseStore, StoreLimits},
+        };
+
+        let health = Arc::new(Health::new(Vec::new()));
+        let app = router(
+            Arc::new(Metrics::new()),
+            health.clone(),
+            Profiles {
+                store: Arc::new(std::sync::Mutex::new(Store::new())),
+                sample_hz: 99,
+                allow_remote: false,
+                windows: Default::default(),
+            },
+            Pauses {
+                store: Arc::new(std::sync::Mutex::new(SlowPauseStore::new(StoreLimits {
+                    total: 1,
+                    per_label_set: 1,
+                }))),
+                allow_remote: false,
+            },
+        );
+        let get = |path: &'static str| {
+            let app = app.clone();
+            async move {
+                let r = app
+                    .oneshot(
+                        axum::http::Request::get(path)
+                            .body(axum::body::Body::empty())
+                            .unwrap(),
+                    )
+                    .await
+                    .unwrap();
+                let status = r.status().as_u16();
+                let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+                (status, String::from_utf8_lossy(&body).into_owned())
+            }
+        };
+        assert_eq!(get("/healthz").await, (200, "ok\n".into()));
+        let (status, body) = get("/readyz").await;
+        assert_eq!(status, 503, "{body}");
+        health.beat();
+        assert_eq!(get("/readyz").await, (200, "ready\n".into()));
+    }
+
     #[test]
     fn a_port_in_use_says_what_to_do() {
         let first = bind("127.0.0.1:0".parse().unwrap()).unwrap();
