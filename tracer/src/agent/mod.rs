@@ -12,6 +12,7 @@
 //! (`shutdown`).
 
 pub mod health;
+pub mod log_queue;
 pub mod server;
 mod shutdown;
 
@@ -155,8 +156,11 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
             counters,
         )?),
     };
+    // The agent's own log is an output too (see `log_queue`).
+    let own_log = log_queue::start(metrics.outputs.counters("log"))
+        .context("starting the agent log's writer")?;
     let health = Arc::new(health::Health::new(
-        log.iter().map(PauseLog::watch).collect(),
+        log.iter().map(PauseLog::watch).chain([own_log]).collect(),
     ));
     let stopped = Arc::new(AtomicBool::new(false));
     let (server_done_tx, server_done_rx) = tokio::sync::oneshot::channel::<()>();
@@ -184,7 +188,7 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
             })
             .context("starting the HTTP thread")?;
     }
-    crate::say!(
+    log_queue::say(&format!(
         "gostw agent: serving http://{addr}/metrics, /debug/pauses and /debug/pprof/{{faults,stackgrowth}} ({}); polling /proc every {:?}; recording pauses of {} or more",
         if args.debug_allow_remote {
             "records and profiles to any peer"
@@ -193,7 +197,7 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
         },
         args.poll_interval,
         crate::units::fmt_ns(args.slow_pause.as_nanos() as u64)
-    );
+    ));
     let mut runtimes: Vec<Box<dyn Runtime>> = Vec::new();
     if let Some(socket) = &args.containerd_socket {
         runtimes.push(Box::new(Containerd::new(socket.clone())?));
@@ -228,14 +232,14 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
     let otlp = match &args.otlp {
         Some(o) => {
             let sink = OtlpSink::start(o, &metrics.outputs)?;
-            crate::say!(
+            log_queue::say(&format!(
                 "gostw agent: sending metrics every {:?} and slow-pause records over OTLP ({}) to {}",
                 o.interval,
                 o.protocol.name(),
                 o.endpoint
                     .as_deref()
                     .unwrap_or("the endpoint of OTEL_EXPORTER_OTLP_* (or the default)")
-            );
+            ));
             Some(sink)
         }
         None => None,
@@ -258,9 +262,10 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
     };
     // From here on the agent is gone by the deadline, whatever an output
     // is doing.
-    let deadline = Instant::now() + shutdown::FLUSH_WITHIN;
+    let stopping = Instant::now();
+    let deadline = stopping + shutdown::FLUSH_WITHIN;
     shutdown::exit_at(
-        Instant::now() + shutdown::STOP_WITHIN,
+        stopping + shutdown::STOP_WITHIN,
         if result.is_ok() { 0 } else { 1 },
     );
     engine.finish(&mut sink);
@@ -270,7 +275,8 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
         server: (server_done_tx, served_rx),
     }
     .within(deadline);
-    crate::say!("gostw agent: stopped{}", flushed.left_behind());
+    log_queue::say(&format!("gostw agent: stopped{}", flushed.left_behind()));
+    log_queue::finish(stopping + shutdown::LOG_FLUSH_WITHIN);
     result.and(flushed.served)
 }
 

@@ -18,6 +18,9 @@ pub const STOP_WITHIN: Duration = Duration::from_millis(1800);
 /// The outputs flush until then; the rest is for saying what was left.
 pub const FLUSH_WITHIN: Duration = Duration::from_millis(1500);
 
+/// The agent's own log, written last, until then.
+pub const LOG_FLUSH_WITHIN: Duration = Duration::from_millis(1700);
+
 /// End the process at `at` with exit code `code` if it is still running
 /// then. Nothing it does can block: a line on standard error only if the
 /// pipe has room now, and `_exit` (no stdio flush, no destructors, no

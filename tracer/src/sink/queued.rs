@@ -98,6 +98,15 @@ impl Destination for RawStdout {
     }
 }
 
+/// Standard error, written through fd 2 (as `RawStdout`).
+pub struct RawStderr;
+
+impl Destination for RawStderr {
+    fn write_line(&mut self, line: &[u8]) -> io::Result<()> {
+        write_fd(libc::STDERR_FILENO, line)
+    }
+}
+
 /// Write all of `bytes` to `fd`, one `write` per try: a pipe keeps a write
 /// of up to 4 KiB whole, so a line shared with another writer is not cut.
 pub fn write_fd(fd: libc::c_int, mut bytes: &[u8]) -> io::Result<()> {
@@ -326,6 +335,12 @@ impl LineQueue {
     /// and say what it could not. The writer thread is left behind if it is
     /// still blocked then (the process is about to end).
     pub fn finish(self, deadline: Instant) -> Unwritten {
+        self.close_within(deadline)
+    }
+
+    /// `finish` for a queue that cannot be given up (one in a static):
+    /// later lines are counted as lost.
+    pub fn close_within(&self, deadline: Instant) -> Unwritten {
         let mut p = self.shared.lock();
         p.closed = true;
         self.shared.has_lines.notify_all();

@@ -11,8 +11,9 @@ use prometheus_client::{
 
 use crate::sink::queued::{OutputCounters, Reason};
 
-/// The outputs that count their lines.
-pub const OUTPUTS: [&str; 1] = ["pause_log"];
+/// The outputs that count their lines: the pause log, and the agent's own
+/// log on standard error.
+pub const OUTPUTS: [&str; 2] = ["pause_log", "log"];
 
 /// OTLP's signals and the results of an export.
 pub const OTLP_SIGNALS: [&str; 2] = ["metrics", "logs"];
@@ -79,7 +80,7 @@ impl OutputMetrics {
         }
         r.register(
             "output_lines",
-            "Lines an output wrote whole (pause_log: the slow-pause records on standard output or in the pause log file)",
+            "Lines an output wrote whole (pause_log: the slow-pause records on standard output or in the pause log file; log: the agent's own log on standard error)",
             self.lines.clone(),
         );
         r.register(
