@@ -138,10 +138,13 @@ impl HttpClient for OnRuntime {
 /// Longest an HTTP export may take.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Longest any export may take: the metrics' interval, within 1 to 10 s,
-/// so a receiver that never answers holds up one export, not the next.
-fn export_timeout(interval: Duration) -> Duration {
-    interval.clamp(Duration::from_secs(1), HTTP_TIMEOUT)
+/// Longest any export may take: `OTEL_EXPORTER_OTLP_TIMEOUT`
+/// (milliseconds), which the SDK's exporters read too, else 10 s. A
+/// receiver that never answers then costs timed-out exports, counted.
+fn export_timeout(env: Option<&str>) -> Duration {
+    env.and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&ms| ms > 0)
+        .map_or(HTTP_TIMEOUT, Duration::from_millis)
 }
 
 /// A process's attributes on every point and record.
@@ -220,7 +223,7 @@ impl OtlpSink {
                 }
             };
         }
-        let timeout = export_timeout(o.interval);
+        let timeout = export_timeout(std::env::var("OTEL_EXPORTER_OTLP_TIMEOUT").ok().as_deref());
         let metrics = Counted::new(
             exporter!(MetricExporter::builder(), "/v1/metrics")
                 .context("the OTLP metric exporter")?,
@@ -397,6 +400,14 @@ mod tests {
         a.iter()
             .map(|kv| (kv.key.to_string(), kv.value.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn the_export_timeout_is_the_sdks_variable_or_ten_seconds() {
+        assert_eq!(export_timeout(Some("1500")), Duration::from_millis(1500));
+        for unset in [None, Some("0"), Some("soon")] {
+            assert_eq!(export_timeout(unset), HTTP_TIMEOUT);
+        }
     }
 
     #[test]

@@ -56,6 +56,17 @@ impl Run {
 /// kept and logged (no eviction, no rate limit): what is missing is the
 /// fault's doing.
 fn start_agent(procs: &mut Procs, bin: &Path, stdout: Stdio, extra: &[&str]) -> u16 {
+    start_agent_env(procs, bin, stdout, extra, &[])
+}
+
+/// `start_agent` with `env` added to the agent's environment.
+fn start_agent_env(
+    procs: &mut Procs,
+    bin: &Path,
+    stdout: Stdio,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> u16 {
     let port = free_port();
     let log = fs::File::create(procs.dir().join("agent.log")).unwrap();
     let matching = format!("^{}$", regex::escape(&bin.display().to_string()));
@@ -69,6 +80,7 @@ fn start_agent(procs: &mut Procs, bin: &Path, stdout: Stdio, extra: &[&str]) -> 
             .args(["--pause-log-rate", "1000000"])
             .args(extra)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(stdout)
             .stderr(log),
     );
@@ -454,7 +466,9 @@ fn an_otlp_receiver_that_never_answers_costs_exports_not_tracing() {
     let mut procs = Procs::new("outputs-otlp-mute");
     let own = procs.own(&bin);
     let endpoint = format!("http://127.0.0.1:{}", mute.port);
-    let port = start_agent(
+    // Exports cut at 1 s (the SDK's own variable), so several time out
+    // during the run.
+    let port = start_agent_env(
         &mut procs,
         &own,
         Stdio::null(),
@@ -468,6 +482,7 @@ fn an_otlp_receiver_that_never_answers_costs_exports_not_tracing() {
             "--otlp-interval",
             "1s",
         ],
+        &[("OTEL_EXPORTER_OTLP_TIMEOUT", "1000")],
     );
     let hung = traced_run(&mut procs, &own, port, 6, || {});
     let exports = |signal: &str, result: &str| {
