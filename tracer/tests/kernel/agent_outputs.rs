@@ -448,9 +448,10 @@ impl Mute {
     }
 }
 
-/// OTLP to a receiver that accepts connections and never answers, against
-/// the same agent without OTLP: tracing goes on at the control's rate, the
-/// exports are counted as timed out, and SIGTERM ends the agent within 2 s.
+/// OTLP to a receiver that accepts connections and never answers, then to
+/// one that refuses them, against the same agent without OTLP: tracing
+/// goes on at the control's rate, the exports are counted as timed out
+/// (as failed), and SIGTERM ends the agent within 2 s.
 #[test]
 fn an_otlp_receiver_that_never_answers_costs_exports_not_tracing() {
     require_root();
@@ -507,6 +508,45 @@ fn an_otlp_receiver_that_never_answers_costs_exports_not_tracing() {
     stops_in_time(&mut procs, "mute OTLP receiver");
     let connections = mute.stop();
     assert!(connections > 0, "the agent never connected");
+    drop(procs);
+
+    // A receiver that refuses (nothing listens on its port): errors.
+    let mut procs = Procs::new("outputs-otlp-refused");
+    let own = procs.own(&bin);
+    let endpoint = format!("http://127.0.0.1:{}", free_port());
+    let port = start_agent_env(
+        &mut procs,
+        &own,
+        Stdio::null(),
+        &[
+            "--pause-log",
+            "off",
+            "--otlp-endpoint",
+            &endpoint,
+            "--otlp-interval",
+            "1s",
+        ],
+        &[("OTEL_EXPORTER_OTLP_TIMEOUT", "1000")],
+    );
+    let refused = traced_run(&mut procs, &own, port, 6, || {});
+    let result = |r: &str| {
+        metric(
+            port,
+            "gostw_agent_otlp_exports_total",
+            &[&format!("result=\"{r}\"")],
+        )
+    };
+    let (errors, timeouts, ok) = (result("error"), result("timeout"), result("ok"));
+    eprintln!("refusing receiver: {errors} exports failed, {timeouts} timed out, {ok} ok");
+    within_ten_percent(&refused, &control, "OTLP receiver refuses");
+    // The exporter's client may wait out its reconnect instead of failing
+    // at once: either way counted, never ok.
+    assert!(
+        errors + timeouts >= 3.0,
+        "{errors} failed, {timeouts} timed out"
+    );
+    assert_eq!(ok, 0.0);
+    stops_in_time(&mut procs, "refusing OTLP receiver");
 }
 
 /// A `/metrics` client that sends requests and never reads the answers,
