@@ -8,7 +8,7 @@
 
 use std::{
     collections::VecDeque,
-    io::{self, Write},
+    io,
     sync::{
         Arc, Condvar, Mutex, MutexGuard,
         atomic::{AtomicU64, Ordering},
@@ -123,16 +123,6 @@ pub fn write_fd(fd: libc::c_int, mut bytes: &[u8]) -> io::Result<()> {
         bytes = &bytes[n as usize..];
     }
     Ok(())
-}
-
-/// Any `Write` as a destination (one `write_all` and a flush per line).
-pub struct Plain<W>(pub W);
-
-impl<W: Write + Send + 'static> Destination for Plain<W> {
-    fn write_line(&mut self, line: &[u8]) -> io::Result<()> {
-        self.0.write_all(line)?;
-        self.0.flush()
-    }
 }
 
 /// What the caller and the writer thread share.
