@@ -47,8 +47,16 @@ fn message(e: &anyhow::Error) -> String {
 }
 
 fn main() -> ExitCode {
-    logger(std::env::var_os("RUST_LOG").is_some()).init();
     let cli = Cli::parse();
+    let mut log = logger(std::env::var_os("RUST_LOG").is_some());
+    if matches!(cli.command, Command::Agent(_)) {
+        // The agent's event loop logs: through a queue once it runs, so a
+        // standard error nobody reads never stops it.
+        log.target(env_logger::Target::Pipe(Box::new(
+            tracer::agent::log_queue::LogWriter::agent(),
+        )));
+    }
+    log.init();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -74,6 +82,11 @@ fn main() -> ExitCode {
     });
     // Whatever way gostw ends, what it mounted goes.
     tracer::kernel::faults::unmount_tracefs();
+    // The agent's log lines still queued go before its last words (a no-op
+    // elsewhere).
+    tracer::agent::log_queue::finish(
+        std::time::Instant::now() + std::time::Duration::from_millis(500),
+    );
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {

@@ -5,9 +5,16 @@
 //! Prometheus metrics, the profile store and the slow-pause records (also
 //! written to the pause log), served over HTTP on a thread of its own
 //! (`/metrics`, `/debug/pprof/faults`, `/debug/pprof/stackgrowth`,
-//! `/debug/pauses`).
+//! `/debug/pauses`). The loop never waits on an output: the pause log has
+//! a queue and a thread of its own, and `/healthz` says when the loop
+//! stopped turning or an output loses lines (`health`). After SIGTERM the
+//! agent flushes what it can and is gone within `STOP_WITHIN`
+//! (`shutdown`).
 
+pub mod health;
+pub mod log_queue;
 pub mod server;
+mod shutdown;
 
 use std::{
     net::SocketAddr,
@@ -15,7 +22,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
@@ -32,6 +39,7 @@ use crate::{
         otlp::{OtlpOptions, OtlpSink},
         pause_log::PauseLog,
         profile::{GrowthCounting, ProfileCollector, store::Store},
+        queued::OutputCounters,
         slow_pauses::{SlowPauseSink, SlowPauseStore, StoreLimits},
     },
     stackgrowth::Mode,
@@ -132,39 +140,55 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
         store: Arc::new(std::sync::Mutex::new(SlowPauseStore::new(args.store))),
         allow_remote: args.debug_allow_remote,
     };
+    // The pause log's losses count in the slow-pause records' `unlogged`
+    // too.
+    let counters = OutputCounters {
+        any_loss: Some(metrics.slow_pauses.unlogged.clone()),
+        ..metrics.outputs.counters("pause_log")
+    };
     let log = match &args.pause_log {
         PauseLogTo::Off => None,
-        PauseLogTo::Stdout => Some(PauseLog::stdout(args.pause_log_rate)),
+        PauseLogTo::Stdout => Some(PauseLog::stdout(args.pause_log_rate, counters)?),
         PauseLogTo::File(path) => Some(PauseLog::file(
             path.clone(),
             args.pause_log_max_bytes,
             args.pause_log_rate,
+            counters,
         )?),
     };
+    // The agent's own log is an output too (see `log_queue`).
+    let own_log = log_queue::start(metrics.outputs.counters("log"))
+        .context("starting the agent log's writer")?;
+    let health = Arc::new(health::Health::new(
+        log.iter().map(PauseLog::watch).chain([own_log]).collect(),
+    ));
     let stopped = Arc::new(AtomicBool::new(false));
     let (server_done_tx, server_done_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = {
-        let (metrics, stopped) = (metrics.clone(), stopped.clone());
+    let (served_tx, served_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
+    {
+        let (metrics, health, stopped) = (metrics.clone(), health.clone(), stopped.clone());
         let (profiles, pauses) = (profiles.clone(), pauses.clone());
         std::thread::Builder::new()
             .name("gostw-http".into())
-            .spawn(move || -> anyhow::Result<()> {
-                let rt = tokio::runtime::Builder::new_current_thread()
+            .spawn(move || {
+                let result = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
-                    .context("starting the HTTP runtime")?;
-                let result = rt.block_on(async move {
-                    server::serve(listener, metrics, profiles, pauses, async move {
-                        let _ = server_done_rx.await;
-                    })
-                    .await
-                });
+                    .context("starting the HTTP runtime")
+                    .and_then(|rt| {
+                        rt.block_on(async move {
+                            server::serve(listener, metrics, health, profiles, pauses, async move {
+                                let _ = server_done_rx.await;
+                            })
+                            .await
+                        })
+                    });
                 stopped.store(true, Ordering::SeqCst);
-                result
+                let _ = served_tx.send(result);
             })
-            .context("starting the HTTP thread")?
-    };
-    crate::say!(
+            .context("starting the HTTP thread")?;
+    }
+    log_queue::say(&format!(
         "gostw agent: serving http://{addr}/metrics, /debug/pauses and /debug/pprof/{{faults,stackgrowth}} ({}); polling /proc every {:?}; recording pauses of {} or more",
         if args.debug_allow_remote {
             "records and profiles to any peer"
@@ -173,7 +197,7 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
         },
         args.poll_interval,
         crate::units::fmt_ns(args.slow_pause.as_nanos() as u64)
-    );
+    ));
     let mut runtimes: Vec<Box<dyn Runtime>> = Vec::new();
     if let Some(socket) = &args.containerd_socket {
         runtimes.push(Box::new(Containerd::new(socket.clone())?));
@@ -207,24 +231,27 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
     );
     let otlp = match &args.otlp {
         Some(o) => {
-            let sink = OtlpSink::start(o)?;
-            crate::say!(
+            let sink = OtlpSink::start(o, &metrics.outputs)?;
+            log_queue::say(&format!(
                 "gostw agent: sending metrics every {:?} and slow-pause records over OTLP ({}) to {}",
                 o.interval,
                 o.protocol.name(),
                 o.endpoint
                     .as_deref()
                     .unwrap_or("the endpoint of OTEL_EXPORTER_OTLP_* (or the default)")
-            );
+            ));
             Some(sink)
         }
         None => None,
     };
     let mut sink = (sink, otlp);
     let result = loop {
-        // Back every second to see whether the HTTP server still runs.
+        // Back every second to see whether the HTTP server still runs, and
+        // to say the loop turns.
         let mut check = Some(Until::After(Duration::from_secs(1)));
-        match engine.run(&mut target, &mut sink, &mut check).await {
+        let turn = engine.run(&mut target, &mut sink, &mut check).await;
+        health.beat();
+        match turn {
             Ok(Stop::Signal(_)) => break Ok(()),
             Ok(_) if stopped.load(Ordering::SeqCst) => {
                 break Err(anyhow::anyhow!("the HTTP server stopped"));
@@ -233,16 +260,24 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
             Err(e) => break Err(e),
         }
     };
+    // From here on the agent is gone by the deadline, whatever an output
+    // is doing.
+    let stopping = Instant::now();
+    let deadline = stopping + shutdown::FLUSH_WITHIN;
+    shutdown::exit_at(
+        stopping + shutdown::STOP_WITHIN,
+        if result.is_ok() { 0 } else { 1 },
+    );
     engine.finish(&mut sink);
-    if let Some(otlp) = sink.1.take() {
-        otlp.shutdown();
+    let flushed = shutdown::Flush {
+        log: sink.0.1.take_log(),
+        otlp: sink.1.take(),
+        server: (server_done_tx, served_rx),
     }
-    let _ = server_done_tx.send(());
-    let served = server
-        .join()
-        .map_err(|_| anyhow::anyhow!("the HTTP thread panicked"))?;
-    crate::say!("gostw agent: stopped");
-    result.and(served)
+    .within(deadline);
+    log_queue::say(&format!("gostw agent: stopped{}", flushed.left_behind()));
+    log_queue::finish(stopping + shutdown::LOG_FLUSH_WITHIN);
+    result.and(flushed.served)
 }
 
 #[cfg(test)]

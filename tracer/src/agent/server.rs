@@ -1,4 +1,4 @@
-//! The HTTP side: `/metrics`, `/healthz`, the profiles
+//! The HTTP side: `/metrics`, `/healthz` and `/readyz` (see `health`), the profiles
 //! (`/debug/pprof/faults`, `/debug/pprof/stackgrowth`, see `pprof`) and the
 //! slow-pause records (`/debug/pauses`, see `pauses`), served
 //! by axum on a tokio runtime of its own thread, so a slow `/proc` poll or
@@ -25,6 +25,7 @@ use axum::{
 };
 use prometheus_client::encoding::text::encode;
 
+use super::health::Health;
 use crate::sink::metrics::Metrics;
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -58,12 +59,13 @@ pub fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
+    health: Arc<Health>,
     profiles: Profiles,
     pauses: Pauses,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let app = router(metrics, profiles, pauses);
+    let app = router(metrics, health, profiles, pauses);
     // The peer's address decides who gets profiles.
     axum::serve(
         listener,
@@ -75,26 +77,43 @@ pub async fn serve(
 }
 
 /// Every route of the agent.
-pub fn router(metrics: Arc<Metrics>, profiles: Profiles, pauses: Pauses) -> Router {
+pub fn router(
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    profiles: Profiles,
+    pauses: Pauses,
+) -> Router {
+    let live = health.clone();
+    let ready = health.clone();
     Router::new()
         .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(move || async move { verdict(live.live()) }))
+        .route("/readyz", get(move || async move { verdict(ready.ready()) }))
         .route(
             "/",
             get(|| async {
-                "gostw agent: /metrics (Prometheus), /healthz, /debug/pauses, /debug/pprof/pauses, /debug/pprof/faults, /debug/pprof/stackgrowth?seconds=N\n"
+                "gostw agent: /metrics (Prometheus), /healthz, /readyz, /debug/pauses, /debug/pprof/pauses, /debug/pprof/faults, /debug/pprof/stackgrowth?seconds=N\n"
             }),
         )
-        .with_state(metrics)
+        .with_state((metrics, health))
         .merge(pprof::routes(profiles))
         .merge(pauses::routes(pauses))
 }
 
+/// A health check's answer: 200 and its body, or 503 and why.
+fn verdict(v: Result<String, String>) -> (StatusCode, String) {
+    match v {
+        Ok(body) => (StatusCode::OK, body),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    }
+}
+
 async fn metrics_handler(
-    State(metrics): State<Arc<Metrics>>,
+    State((metrics, health)): State<(Arc<Metrics>, Arc<Health>)>,
     headers: HeaderMap,
 ) -> impl IntoResponse {
     let started = Instant::now();
+    health.refresh(&metrics);
     let openmetrics = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -163,6 +182,58 @@ mod tests {
             openmetrics_to_text(om),
             "# HELP gostw_x_total Things.\n# TYPE gostw_x_total counter\ngostw_x_total{a=\"b\"} 1\n# HELP gostw_h H.\n# TYPE gostw_h histogram\ngostw_h_sum 0.0\ngostw_h_bucket{le=\"1.0\"} 1\n"
         );
+    }
+
+    /// /healthz and /readyz through the router: what the agent's health
+    /// says, as status and body.
+    #[tokio::test]
+    async fn the_health_routes_answer_what_the_loop_and_outputs_say() {
+        use tower::ServiceExt as _;
+
+        use crate::sink::{
+            profile::store::Store,
+            slow_pauses::{SlowPauseStore, StoreLimits},
+        };
+
+        let health = Arc::new(Health::new(Vec::new()));
+        let app = router(
+            Arc::new(Metrics::new()),
+            health.clone(),
+            Profiles {
+                store: Arc::new(std::sync::Mutex::new(Store::new())),
+                sample_hz: 99,
+                allow_remote: false,
+                windows: Default::default(),
+            },
+            Pauses {
+                store: Arc::new(std::sync::Mutex::new(SlowPauseStore::new(StoreLimits {
+                    total: 1,
+                    per_label_set: 1,
+                }))),
+                allow_remote: false,
+            },
+        );
+        let get = |path: &'static str| {
+            let app = app.clone();
+            async move {
+                let r = app
+                    .oneshot(
+                        axum::http::Request::get(path)
+                            .body(axum::body::Body::empty())
+                            .unwrap(),
+                    )
+                    .await
+                    .unwrap();
+                let status = r.status().as_u16();
+                let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+                (status, String::from_utf8_lossy(&body).into_owned())
+            }
+        };
+        assert_eq!(get("/healthz").await, (200, "ok\n".into()));
+        let (status, body) = get("/readyz").await;
+        assert_eq!(status, 503, "{body}");
+        health.beat();
+        assert_eq!(get("/readyz").await, (200, "ready\n".into()));
     }
 
     #[test]

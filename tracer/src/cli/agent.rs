@@ -16,7 +16,7 @@ use tracer::{
 /// `gostw agent` options.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Address to serve /metrics and /healthz on.
+    /// Address to serve /metrics, /healthz and /readyz on.
     #[arg(long, default_value = "127.0.0.1:9477")]
     pub listen: SocketAddr,
     /// Serve /debug/pprof/* and /debug/pauses to peers other than loopback

@@ -24,7 +24,8 @@ use tracer::{
     kernel::{CoreOptions, capabilities::FaultSource, stacks::StackGrowthOptions},
     sink::{
         file::{SharedFile, WholeFile},
-        report::{Output, ReportSink, View},
+        queued::{Bounds, LineQueue, OutputCounters, RawStdout},
+        report::{Output, ReportSink, View, output},
     },
     stackgrowth::Mode,
     targets::{Target, tracker::Limits},
@@ -127,12 +128,51 @@ impl TraceOptions {
     }
 }
 
-/// Live records and the summary to standard output, watched for its
+/// What may wait for standard output's reader: a burst this long is
+/// written late rather than lost, and a reader that stopped costs at most
+/// this much memory.
+const STDOUT_BOUNDS: Bounds = Bounds {
+    lines: 16 * 1024,
+    bytes: 4 << 20,
+};
+
+/// Live records and the summary to standard output, through a queue (a
+/// slow reader costs lines, counted, never the trace), watched for its
 /// reader going away when it is a pipe.
 pub fn stdout_output(json: bool, threshold_ns: u64) -> Output {
-    let mut o = Output::new(Box::new(std::io::stdout()), json, threshold_ns);
+    let queue = LineQueue::start(
+        "stdout",
+        STDOUT_BOUNDS,
+        RawStdout,
+        OutputCounters::default(),
+    );
+    let mut o = match queue {
+        Ok(q) => Output::queued(q, json, threshold_ns),
+        Err(e) => {
+            log::warn!("standard output written directly: {e}");
+            Output::new(Box::new(std::io::stdout()), json, threshold_ns)
+        }
+    };
     o.watch = tracer::sink::file::stdout_pipe();
     o
+}
+
+/// Say on standard error what standard output could not take (the summary
+/// says it too, unless it is what was lost).
+fn say_unwritten(report: &ReportSink) {
+    let Some((lost, unwritten)) = report.unwritten() else {
+        return;
+    };
+    if lost.total() > 0 {
+        tracer::say!("gostw: {}", output::unwritten_text(&lost));
+    }
+    if unwritten.lines > 0 {
+        tracer::say!(
+            "gostw: {} lines, the summary among them, were still unwritten when standard output's reader had read nothing for {:?}",
+            unwritten.lines,
+            output::END_STALL
+        );
+    }
 }
 
 /// `--pid PID` or `-- CMD ARGS`, as a target.
@@ -244,6 +284,7 @@ pub async fn trace(mut t: Trace) -> anyhow::Result<i32> {
         report.to_stderr();
         summary = report.finish(elapsed);
     }
+    say_unwritten(&report);
     if !output.output_file_complete(&summary) {
         // An --output file that is not complete never appears.
         files.output = None;

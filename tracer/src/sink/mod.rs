@@ -9,12 +9,16 @@
 //! - `timeline`: the trace-event timeline (`--timeline`).
 //! - `slow_pauses`: the agent's record of every slow pause
 //!   (`/debug/pauses`), and `pause_log` the JSON lines it writes of them.
+//! - `queued`: the bounded writer that keeps a stalled reader or a full
+//!   disk from blocking the event loop (the pause log, live lines on
+//!   standard output).
 
 pub mod file;
 pub mod metrics;
 pub mod otlp;
 pub mod pause_log;
 pub mod profile;
+pub mod queued;
 pub mod report;
 pub mod slow_pauses;
 pub mod timeline;

@@ -10,10 +10,14 @@
 //! - Logs: one record per slow pause, its body the line `/debug/pauses`
 //!   serves for it (the same `id`), its event name `gostw.slow_pause`.
 //!
+//! Each export is cut at a timeout and counted by result (`counted`).
+//!
 //! The resource is the agent's host (`service.*`, `host.*`, and whatever
 //! `OTEL_RESOURCE_ATTRIBUTES` adds); one agent reports many processes, so
 //! each point and record carries its process's attributes in the semantic
 //! conventions' names (`process.*`, `k8s.*`) plus `gostw.*` for the rest.
+
+mod counted;
 
 use std::{
     collections::HashMap,
@@ -34,12 +38,13 @@ use opentelemetry_sdk::{
     metrics::{Aggregation, Instrument, PeriodicReader, SdkMeterProvider, Stream},
 };
 
+use self::counted::{Counted, ExportCounters};
 use crate::{
     model::{
         labels::ProcessLabels,
         observed::{Observed, Sink},
     },
-    sink::slow_pauses::SlowPause,
+    sink::{metrics::outputs::OutputMetrics, slow_pauses::SlowPause},
 };
 
 /// How the agent reaches its OTLP receiver.
@@ -133,6 +138,15 @@ impl HttpClient for OnRuntime {
 /// Longest an HTTP export may take.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Longest any export may take: `OTEL_EXPORTER_OTLP_TIMEOUT`
+/// (milliseconds), which the SDK's exporters read too, else 10 s. A
+/// receiver that never answers then costs timed-out exports, counted.
+fn export_timeout(env: Option<&str>) -> Duration {
+    env.and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&ms| ms > 0)
+        .map_or(HTTP_TIMEOUT, Duration::from_millis)
+}
+
 /// A process's attributes on every point and record.
 fn process_attributes(l: &ProcessLabels) -> Vec<KeyValue> {
     let mut a = vec![
@@ -164,7 +178,8 @@ fn resource(host: &str) -> Resource {
 }
 
 impl OtlpSink {
-    pub fn start(o: &OtlpOptions) -> anyhow::Result<OtlpSink> {
+    /// Start the exporters; their exports are counted in `outputs`.
+    pub fn start(o: &OtlpOptions, outputs: &OutputMetrics) -> anyhow::Result<OtlpSink> {
         // The SDK's reader and log processor run threads of their own; the
         // exporters' clients need a tokio runtime that keeps running.
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -208,10 +223,20 @@ impl OtlpSink {
                 }
             };
         }
-        let metrics = exporter!(MetricExporter::builder(), "/v1/metrics")
-            .context("the OTLP metric exporter")?;
-        let logs =
-            exporter!(LogExporter::builder(), "/v1/logs").context("the OTLP log exporter")?;
+        let timeout = export_timeout(std::env::var("OTEL_EXPORTER_OTLP_TIMEOUT").ok().as_deref());
+        let metrics = Counted::new(
+            exporter!(MetricExporter::builder(), "/v1/metrics")
+                .context("the OTLP metric exporter")?,
+            timeout,
+            runtime.handle().clone(),
+            ExportCounters::of(outputs, "metrics"),
+        );
+        let logs = Counted::new(
+            exporter!(LogExporter::builder(), "/v1/logs").context("the OTLP log exporter")?,
+            timeout,
+            runtime.handle().clone(),
+            ExportCounters::of(outputs, "logs"),
+        );
         let resource = resource(&o.host_name);
         let meters = SdkMeterProvider::builder()
             .with_resource(resource.clone())
@@ -375,6 +400,14 @@ mod tests {
         a.iter()
             .map(|kv| (kv.key.to_string(), kv.value.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn the_export_timeout_is_the_sdks_variable_or_ten_seconds() {
+        assert_eq!(export_timeout(Some("1500")), Duration::from_millis(1500));
+        for unset in [None, Some("0"), Some("soon")] {
+            assert_eq!(export_timeout(unset), HTTP_TIMEOUT);
+        }
     }
 
     #[test]

@@ -201,15 +201,22 @@ impl SlowPauseSink {
         let p = Arc::new(SlowPause::new(labels, record.clone()));
         let m = &self.metrics.slow_pauses;
         m.recorded.inc();
-        if let Some(log) = &mut self.log
-            && !log.write(&*p)
-        {
-            m.unlogged.inc();
+        // A line the log leaves out is counted by its queue (in `unlogged`
+        // too); the record is kept below all the same.
+        if let Some(log) = &mut self.log {
+            log.write(&*p);
         }
         let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
         let evicted = store.insert(p);
         m.evicted.inc_by(evicted);
         m.kept.set(store.len() as i64);
+    }
+}
+
+impl SlowPauseSink {
+    /// The pause log, to finish it when the agent stops.
+    pub fn take_log(&mut self) -> Option<PauseLog> {
+        self.log.take()
     }
 }
 

@@ -8,6 +8,7 @@ mod support;
 
 mod agent;
 mod agent_cost;
+mod agent_outputs;
 mod agent_pauses;
 mod backend_agreement;
 mod binary_analysis;

@@ -24,6 +24,7 @@ pub mod cost;
 pub mod explain;
 pub mod exposure;
 pub mod observe;
+pub mod outputs;
 mod sink;
 pub mod slow;
 
@@ -157,6 +158,8 @@ pub struct Metrics {
     degraded_feature: Family<Vec<(&'static str, &'static str)>, Gauge<i64, AtomicI64>>,
     pub exposure: exposure::ExposureMetrics,
     pub slow_pauses: slow::SlowPauseMetrics,
+    /// The outputs' lines and losses, and the OTLP exports.
+    pub outputs: outputs::OutputMetrics,
     /// The agent's own cost (`cost`).
     pub cost: cost::CostMetrics,
 }
@@ -202,6 +205,7 @@ impl Metrics {
             degraded_feature: Family::default(),
             exposure: Default::default(),
             slow_pauses: Default::default(),
+            outputs: Default::default(),
             cost: cost::CostMetrics::default(),
             registry: Registry::default(),
         };
@@ -265,6 +269,7 @@ impl Metrics {
         m.explain.register(r);
         let a = r.sub_registry_with_prefix("agent");
         m.slow_pauses.register(a);
+        m.outputs.register(a);
         a.register(
             "processes_traced",
             "Processes the agent traces now",

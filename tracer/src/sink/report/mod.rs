@@ -141,6 +141,11 @@ pub struct Lost {
     /// How the correlator decided faults it could not place in a record
     /// (counted in the totals, so not part of `total`).
     pub correlator: CorrelatorStats,
+    /// Live lines standard output could not take (a reader that did not
+    /// keep up, or a failed write), and when; absent when none was lost.
+    /// Not part of `total`: the records are complete, their lines are not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<crate::sink::queued::Losses>,
 }
 
 /// The end-of-trace report.
@@ -254,8 +259,15 @@ impl ReportSink {
     /// Write what is left (the summary) to standard error: standard
     /// output's reader has gone.
     pub fn to_stderr(&mut self) {
-        self.output.out = Box::new(std::io::stderr());
-        self.output.watch = None;
+        self.output.direct(Box::new(std::io::stderr()));
+    }
+
+    /// The lines of the trace standard output could not take, and what its
+    /// end left unwritten (None when it is not written through a queue).
+    pub fn unwritten(
+        &self,
+    ) -> Option<(crate::sink::queued::Losses, crate::sink::queued::Unwritten)> {
+        self.output.losses()
     }
 
     /// The pause statistics of `pid`.
@@ -356,6 +368,11 @@ impl ReportSink {
                 kernel,
                 user: self.losses,
                 correlator: self.correlator,
+                output: self
+                    .output
+                    .losses()
+                    .map(|(l, _)| l)
+                    .filter(|l| l.total() > 0),
             },
             health: None,
         };
@@ -387,13 +404,15 @@ impl ReportSink {
 
     /// Write the final report of the view.
     pub fn finish(&mut self, elapsed_ns: u64) -> std::io::Result<()> {
+        let mut text = Vec::new();
         match self.view {
             View::Trace => {
                 let s = self.summary(elapsed_ns);
                 if self.output.json {
-                    self.output.json_line(&s)?;
+                    serde_json::to_writer(&mut text, &s)?;
+                    text.push(b'\n');
                 } else {
-                    write!(self.output.out, "{}", summary_text(&s))?;
+                    text.extend_from_slice(summary_text(&s).as_bytes());
                 }
             }
             View::Faults => {
@@ -403,19 +422,20 @@ impl ReportSink {
                     .map(FaultReport::summary)
                     .unwrap_or_default();
                 if self.output.json {
-                    writeln!(self.output.out, "{}", serde_json::to_string_pretty(&s)?)?;
+                    writeln!(text, "{}", serde_json::to_string_pretty(&s)?)?;
                 } else {
-                    write!(self.output.out, "{}", faults_text::render_text(&s, 10))?;
+                    write!(text, "{}", faults_text::render_text(&s, 10))?;
                 }
             }
             View::Stacks => {
                 if let Some(s) = self.stack_summary() {
                     if self.output.json {
-                        self.output.json_line(&s)?;
+                        serde_json::to_writer(&mut text, &s)?;
+                        text.push(b'\n');
                     } else {
                         let (info, _) = &self.processes[0];
                         write!(
-                            self.output.out,
+                            text,
                             "pid {} ({}):\n{}",
                             info.pid,
                             info.go_version,
@@ -425,12 +445,15 @@ impl ReportSink {
                 }
             }
         }
-        self.output.out.flush()
+        self.output.write_last(&text)
     }
 }
 
 impl Sink for ReportSink {
     fn closed(&mut self) -> bool {
+        if let Some(e) = self.output.take_error() {
+            self.write_error.get_or_insert(e);
+        }
         self.write_error.is_some()
             || self
                 .output

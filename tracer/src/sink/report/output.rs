@@ -1,16 +1,50 @@
 //! Where and how live records are written: JSON lines or text, each record
-//! in one write.
+//! in one write. On standard output they go through a queue (`queued`):
+//! a reader that does not keep up costs lines, counted and said at the
+//! end, never the trace.
 
-use std::io::Write;
+use std::{io::Write, time::Duration};
 
 use serde::Serialize;
 
 use super::text::pause_line;
-use crate::model::pause::PauseRecord;
+use crate::{
+    model::pause::PauseRecord,
+    sink::queued::{LineQueue, Losses, OutputWatch, Unwritten},
+};
+
+/// How long the end of the trace waits for a reader that writes nothing
+/// more before it gives up on the lines still queued.
+pub const END_STALL: Duration = Duration::from_secs(2);
+
+/// What standard output could not take, in a sentence: "live lines not
+/// written: 120 (118 while its reader did not keep up, 2 write errors),
+/// from 14:03:07.123456 to 14:03:09.000001".
+pub fn unwritten_text(l: &Losses) -> String {
+    let mut why = Vec::new();
+    if l.queue_full > 0 {
+        why.push(format!("{} while its reader did not keep up", l.queue_full));
+    }
+    if l.write_error > 0 {
+        why.push(format!("{} write errors", l.write_error));
+    }
+    format!(
+        "live lines not written: {} ({}), from {} to {}",
+        l.total(),
+        why.join(", "),
+        crate::units::fmt_time_of_day(l.first_unix_ns),
+        crate::units::fmt_time_of_day(l.last_unix_ns)
+    )
+}
 
 /// Where and how live records are written.
 pub struct Output {
     pub(super) out: Box<dyn Write>,
+    /// Live lines and the last words go through this queue instead of
+    /// `out`, until it is finished.
+    queue: Option<LineQueue>,
+    /// The queue's state, kept after it is finished.
+    queued: Option<(OutputWatch, Unwritten)>,
     pub(super) json: bool,
     threshold_ns: u64,
     /// The pipe or socket `out` writes to, watched for its reader going away.
@@ -23,10 +57,39 @@ impl Output {
     pub fn new(out: Box<dyn Write>, json: bool, threshold_ns: u64) -> Output {
         Output {
             out,
+            queue: None,
+            queued: None,
             json,
             threshold_ns,
             watch: None,
         }
+    }
+
+    /// Write through `queue` (standard output, whose reader may be slow).
+    pub fn queued(queue: LineQueue, json: bool, threshold_ns: u64) -> Output {
+        let watch = queue.watch();
+        Output {
+            queue: Some(queue),
+            queued: Some((watch, Unwritten::default())),
+            ..Output::new(Box::new(std::io::sink()), json, threshold_ns)
+        }
+    }
+
+    /// Write to `out` from now on, directly (the queue's reader is gone).
+    pub(super) fn direct(&mut self, out: Box<dyn Write>) {
+        self.queue = None;
+        self.out = out;
+        self.watch = None;
+    }
+
+    /// Lines the queue could not write so far, and what the end left.
+    pub fn losses(&self) -> Option<(Losses, Unwritten)> {
+        self.queued.as_ref().map(|(w, u)| (w.losses(), *u))
+    }
+
+    /// The first error the queue's writes met, since the last call.
+    pub(super) fn take_error(&mut self) -> Option<std::io::Error> {
+        self.queue.as_ref().and_then(LineQueue::take_error)
     }
 
     pub(super) fn pause(&mut self, p: &PauseRecord) -> std::io::Result<()> {
@@ -63,7 +126,30 @@ impl Output {
     /// (stdout's line buffer of 1 KiB would write a longer line in pieces;
     /// a pipe keeps a write of up to 4 KiB whole).
     pub(super) fn write_line(&mut self, line: &[u8]) -> std::io::Result<()> {
+        if let Some(q) = &self.queue {
+            // A full queue is counted there; the trace goes on.
+            q.try_line(line.to_vec());
+            return Ok(());
+        }
         self.out.write_all(line)?;
         self.out.flush()
+    }
+
+    /// The last words (the summary), after every line: a queue is
+    /// finished with them, waiting while its reader reads.
+    pub(super) fn write_last(&mut self, text: &[u8]) -> std::io::Result<()> {
+        let Some(q) = self.queue.take() else {
+            self.out.write_all(text)?;
+            return self.out.flush();
+        };
+        let error = q.take_error();
+        let unwritten = q.finish_after(text.to_vec(), END_STALL);
+        if let Some((_, u)) = &mut self.queued {
+            *u = unwritten;
+        }
+        match error.or_else(|| self.queued.as_ref()?.0.take_error()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }

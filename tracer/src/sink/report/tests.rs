@@ -197,3 +197,77 @@ fn stack_sites_are_named_from_the_stream_s_code() {
     let bare = summary(Code::default());
     assert_eq!(bare.top_sites[0].site.function, "0x1005");
 }
+
+/// Standard output whose reader stalls, then reads again: the live lines
+/// it could not take are counted in the summary, which comes last, whole.
+#[test]
+fn a_stalled_reader_costs_live_lines_counted_in_the_summary() {
+    use std::sync::{Arc, Condvar, Mutex};
+
+    use crate::sink::queued::{Bounds, Destination, LineQueue, OutputCounters};
+
+    /// Whether the reader reads, and what it read.
+    type Reader = Mutex<(bool, Vec<u8>)>;
+    /// Blocks each write until the test opens it.
+    #[derive(Clone, Default)]
+    struct Stalled(Arc<(Reader, Condvar)>);
+    impl Destination for Stalled {
+        fn write_line(&mut self, line: &[u8]) -> std::io::Result<()> {
+            let mut s = self.0.0.lock().unwrap();
+            while !s.0 {
+                s = self.0.1.wait(s).unwrap();
+            }
+            s.1.extend_from_slice(line);
+            Ok(())
+        }
+    }
+    let out = Stalled::default();
+    let bounds = Bounds {
+        lines: 2,
+        bytes: 1 << 20,
+    };
+    let queue = LineQueue::start("stdout", bounds, out.clone(), OutputCounters::default()).unwrap();
+    let mut sink = ReportSink::new(View::Trace, Output::queued(queue, true, 0), false, None);
+    sink.observe(&started(9));
+    let started_at = std::time::Instant::now();
+    for d in 1..=10 {
+        sink.observe(&pause(9, 2, d * 1_000));
+    }
+    assert!(started_at.elapsed() < std::time::Duration::from_secs(1));
+    let opener = {
+        let out = out.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            out.0.0.lock().unwrap().0 = true;
+            out.0.1.notify_all();
+        })
+    };
+    sink.finish(1).unwrap();
+    opener.join().unwrap();
+    let text = String::from_utf8(out.0.0.lock().unwrap().1.clone()).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // At most one line being written and two queued got through.
+    let pauses = lines.iter().filter(|l| l["type"] == "pause").count();
+    assert!((2..=3).contains(&pauses), "{text}");
+    let summary = lines.last().unwrap();
+    assert_eq!(summary["type"], "summary");
+    assert_eq!(summary["processes"][0]["pauses"], 10);
+    let lost = &summary["lost"]["output"];
+    assert_eq!(lost["queue_full"].as_u64().unwrap(), 10 - pauses as u64);
+    assert!(lost["first_unix_ns"].as_u64().unwrap() > 0);
+    let (losses, unwritten) = sink.unwritten().unwrap();
+    assert_eq!(losses.written as usize, pauses + 1);
+    assert_eq!(unwritten.lines, 0);
+    let said = output::unwritten_text(&losses);
+    assert!(
+        said.starts_with(&format!(
+            "live lines not written: {} ({} while its reader did not keep up), from ",
+            10 - pauses,
+            10 - pauses
+        )),
+        "{said}"
+    );
+}

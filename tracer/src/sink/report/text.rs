@@ -332,6 +332,9 @@ pub fn summary_text(s: &Summary) -> String {
             format!(" ({})", parts.join(", "))
         }
     );
+    if let Some(o) = &l.output {
+        let _ = writeln!(t, "{}", super::output::unwritten_text(o));
+    }
     if let Some(h) = &s.health {
         let _ = write!(t, "\n{}", h.render_text(s.elapsed_ns));
     }
