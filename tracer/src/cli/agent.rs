@@ -28,17 +28,20 @@ pub struct Args {
     /// /debug/pauses, `gostw pauses` and the pause log (0: every pause).
     #[arg(long, value_name = "DURATION", default_value = "1ms", value_parser = tracer::units::parse_duration)]
     pub slow_pause: Duration,
-    /// Slow-pause records kept in memory in all, and per label set
-    /// (executable, container); the oldest go first (counted in
-    /// gostw_agent_slow_pauses_evicted_total).
+    /// Slow-pause records kept in memory in all; the oldest go first
+    /// (counted in gostw_agent_slow_pauses_evicted_total).
     #[arg(long, value_name = "N", default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub slow_pauses_kept: u32,
+    /// Slow-pause records kept in memory per label set (executable,
+    /// container), so that one noisy program cannot push out the others'.
     #[arg(long, value_name = "N", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub slow_pauses_per_set: u32,
     /// Where each slow-pause record is written as a JSON line: stdout, off,
     /// or a file (rotated to PATH.1 at --pause-log-max-mib).
     #[arg(long, value_name = "stdout|off|PATH", default_value = "stdout")]
     pub pause_log: String,
+    /// A pause log file is rotated (to PATH.1, one old file kept) when it
+    /// would grow past this many MiB.
     #[arg(long, value_name = "MIB", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub pause_log_max_mib: u64,
     /// Pause log lines written per second at most; the rest are counted
