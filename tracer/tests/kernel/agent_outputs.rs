@@ -114,6 +114,17 @@ fn lines_written(port: u16) -> f64 {
     )
 }
 
+/// The control of a fault: the same agent with its pause log off and no
+/// fault, traced as the fault's run is, stopped by SIGTERM in time.
+fn control_run(bin: &Path, name: &str, what: &str) -> Run {
+    let mut procs = Procs::new(name);
+    let own = procs.own(bin);
+    let port = start_agent(&mut procs, &own, Stdio::null(), &["--pause-log", "off"]);
+    let control = traced_run(&mut procs, &own, port, 6, || {});
+    stops_in_time(&mut procs, what);
+    control
+}
+
 /// Run the stw workload with slow pauses (a goroutine the world waits for,
 /// asynchronous preemption off) for `secs` under the agent on `port`,
 /// from its first pause; `during` is called every 200 ms while it runs.
@@ -456,12 +467,7 @@ impl Mute {
 fn an_otlp_receiver_that_never_answers_costs_exports_not_tracing() {
     require_root();
     let bin = build_workload("stw", &newest_go(), "", &[]);
-    let mut procs = Procs::new("outputs-otlp-control");
-    let own = procs.own(&bin);
-    let port = start_agent(&mut procs, &own, Stdio::null(), &["--pause-log", "off"]);
-    let control = traced_run(&mut procs, &own, port, 6, || {});
-    stops_in_time(&mut procs, "no OTLP");
-    drop(procs);
+    let control = control_run(&bin, "outputs-otlp-control", "no OTLP");
 
     let mute = Mute::start();
     let mut procs = Procs::new("outputs-otlp-mute");
@@ -559,12 +565,7 @@ fn an_otlp_receiver_that_never_answers_costs_exports_not_tracing() {
 fn http_clients_that_never_read_or_never_finish_cost_nothing() {
     require_root();
     let bin = build_workload("stw", &newest_go(), "", &[]);
-    let mut procs = Procs::new("outputs-http-control");
-    let own = procs.own(&bin);
-    let port = start_agent(&mut procs, &own, Stdio::null(), &["--pause-log", "off"]);
-    let control = traced_run(&mut procs, &own, port, 6, || {});
-    stops_in_time(&mut procs, "no slow clients");
-    drop(procs);
+    let control = control_run(&bin, "outputs-http-control", "no slow clients");
 
     let mut procs = Procs::new("outputs-http-slow");
     let own = procs.own(&bin);
