@@ -139,6 +139,17 @@ pub fn free_bytes(path: &Path) -> anyhow::Result<u64> {
     Ok(st.f_bavail * st.f_frsize)
 }
 
+/// The cargo arguments that select the workspace's user crates with the
+/// kernel tests' feature, the same in every step so that each crate is
+/// compiled once.
+pub const WORKSPACE: [&str; 5] = [
+    "--workspace",
+    "--exclude",
+    "tracer-ebpf",
+    "--features",
+    "tracer/kernel-tests",
+];
+
 #[cfg(test)]
 mod room_tests {
     use super::*;

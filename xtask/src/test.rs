@@ -17,7 +17,7 @@ use anyhow::{Context as _, bail};
 
 use crate::{
     arch::Arch,
-    cmd::{exec, free_bytes, step, workspace_root},
+    cmd::{WORKSPACE, exec, free_bytes, step, workspace_root},
     demo, go, setup,
     testlog::{Outcome, TestLog},
     vm,
@@ -232,17 +232,6 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     summary(&seen.into_inner().unwrap(), started.elapsed(), opts);
     result
 }
-
-/// The cargo arguments that select the workspace's user crates with the
-/// kernel tests' feature, the same in every step so that each crate is
-/// compiled once.
-pub const WORKSPACE: [&str; 5] = [
-    "--workspace",
-    "--exclude",
-    "tracer-ebpf",
-    "--features",
-    "tracer/kernel-tests",
-];
 
 /// `dist` (where asked), then the guests, one after the other. On a
 /// 2-core machine they are not run side by side: a TCG guest takes both

@@ -25,7 +25,7 @@ use tracer::{
     sink::{
         file::{SharedFile, WholeFile},
         queued::{Bounds, LineQueue, OutputCounters, RawStdout},
-        report::{Output, ReportSink, View, output},
+        report::{Output, ReportSink, View, output, text},
     },
     stackgrowth::Mode,
     targets::{Target, tracker::Limits},
@@ -164,7 +164,7 @@ fn say_unwritten(report: &ReportSink) {
         return;
     };
     if lost.total() > 0 {
-        tracer::say!("gostw: {}", output::unwritten_text(&lost));
+        tracer::say!("gostw: {}", text::unwritten_text(&lost));
     }
     if unwritten.lines > 0 {
         tracer::say!(

@@ -93,7 +93,7 @@ fn build_binaries_now(arch: Arch) -> anyhow::Result<Binaries> {
     cargo
         .current_dir(workspace_root())
         .arg("test")
-        .args(crate::test::WORKSPACE)
+        .args(crate::cmd::WORKSPACE)
         .args(["--test", "kernel", "--no-run", "--message-format=json"]);
     if arch != Arch::Amd64 {
         arch.cargo_static(&mut cargo);

@@ -17,26 +17,6 @@ use crate::{
 /// more before it gives up on the lines still queued.
 pub const END_STALL: Duration = Duration::from_secs(2);
 
-/// What standard output could not take, in a sentence: "live lines not
-/// written: 120 (118 while its reader did not keep up, 2 write errors),
-/// from 14:03:07.123456 to 14:03:09.000001".
-pub fn unwritten_text(l: &Losses) -> String {
-    let mut why = Vec::new();
-    if l.queue_full > 0 {
-        why.push(format!("{} while its reader did not keep up", l.queue_full));
-    }
-    if l.write_error > 0 {
-        why.push(format!("{} write errors", l.write_error));
-    }
-    format!(
-        "live lines not written: {} ({}), from {} to {}",
-        l.total(),
-        why.join(", "),
-        crate::units::fmt_time_of_day(l.first_unix_ns),
-        crate::units::fmt_time_of_day(l.last_unix_ns)
-    )
-}
-
 /// Where and how live records are written.
 pub struct Output {
     pub(super) out: Box<dyn Write>,

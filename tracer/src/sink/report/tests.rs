@@ -261,7 +261,7 @@ fn a_stalled_reader_costs_live_lines_counted_in_the_summary() {
     let (losses, unwritten) = sink.unwritten().unwrap();
     assert_eq!(losses.written as usize, pauses + 1);
     assert_eq!(unwritten.lines, 0);
-    let said = output::unwritten_text(&losses);
+    let said = text::unwritten_text(&losses);
     assert!(
         said.starts_with(&format!(
             "live lines not written: {} ({} while its reader did not keep up), from ",

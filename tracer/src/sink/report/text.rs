@@ -333,12 +333,32 @@ pub fn summary_text(s: &Summary) -> String {
         }
     );
     if let Some(o) = &l.output {
-        let _ = writeln!(t, "{}", super::output::unwritten_text(o));
+        let _ = writeln!(t, "{}", unwritten_text(o));
     }
     if let Some(h) = &s.health {
         let _ = write!(t, "\n{}", h.render_text(s.elapsed_ns));
     }
     t
+}
+
+/// What standard output could not take, in a sentence: "live lines not
+/// written: 120 (118 while its reader did not keep up, 2 write errors),
+/// from 14:03:07.123456 to 14:03:09.000001".
+pub fn unwritten_text(l: &crate::sink::queued::Losses) -> String {
+    let mut why = Vec::new();
+    if l.queue_full > 0 {
+        why.push(format!("{} while its reader did not keep up", l.queue_full));
+    }
+    if l.write_error > 0 {
+        why.push(format!("{} write errors", l.write_error));
+    }
+    format!(
+        "live lines not written: {} ({}), from {} to {}",
+        l.total(),
+        why.join(", "),
+        fmt_time_of_day(l.first_unix_ns),
+        fmt_time_of_day(l.last_unix_ns)
+    )
 }
 
 #[cfg(test)]
