@@ -157,6 +157,24 @@ impl Shared {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Wait for the writer to make progress, until `deadline` at most:
+    /// `Err` with the lock back when the deadline has passed.
+    fn wait_until<'a>(
+        &self,
+        p: MutexGuard<'a, Pending>,
+        deadline: Instant,
+    ) -> Result<MutexGuard<'a, Pending>, MutexGuard<'a, Pending>> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(p);
+        }
+        Ok(self
+            .progressed
+            .wait_timeout(p, left)
+            .unwrap_or_else(|e| e.into_inner())
+            .0)
+    }
+
     fn lost(&self, reason: Reason, n: u64) {
         if n == 0 {
             return;
@@ -283,18 +301,14 @@ impl LineQueue {
     pub fn send_within(&self, bytes: Vec<u8>, deadline: Instant) -> bool {
         let mut p = self.shared.lock();
         while !self.fits(&p, bytes.len()) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                drop(p);
-                self.shared.lost(Reason::QueueFull, 1);
-                return false;
-            }
-            p = self
-                .shared
-                .progressed
-                .wait_timeout(p, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            p = match self.shared.wait_until(p, deadline) {
+                Ok(p) => p,
+                Err(p) => {
+                    drop(p);
+                    self.shared.lost(Reason::QueueFull, 1);
+                    return false;
+                }
+            };
         }
         p.bytes += bytes.len();
         p.lines.push_back(bytes);
@@ -334,18 +348,15 @@ impl LineQueue {
         let mut p = self.shared.lock();
         p.closed = true;
         self.shared.has_lines.notify_all();
-        while !p.lines.is_empty() || p.writing {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
+        let p = loop {
+            if p.lines.is_empty() && !p.writing {
+                break p;
             }
-            p = self
-                .shared
-                .progressed
-                .wait_timeout(p, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+            p = match self.shared.wait_until(p, deadline) {
+                Ok(p) => p,
+                Err(p) => break p,
+            };
+        };
         Unwritten {
             lines: p.lines.len() + usize::from(p.writing),
             blocked_for: self.watch().blocked_for(),
@@ -368,7 +379,7 @@ impl LineQueue {
             let before = progress();
             let deadline = Instant::now() + stall;
             let mut p = self.shared.lock();
-            loop {
+            let p = loop {
                 if let Some(l) = last.take_if(|l| self.fits(&p, l.len())) {
                     p.bytes += l.len();
                     p.lines.push_back(l);
@@ -378,17 +389,11 @@ impl LineQueue {
                 if last.is_none() && p.lines.is_empty() && !p.writing {
                     return Unwritten::default();
                 }
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                p = self
-                    .shared
-                    .progressed
-                    .wait_timeout(p, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-            }
+                p = match self.shared.wait_until(p, deadline) {
+                    Ok(p) => p,
+                    Err(p) => break p,
+                };
+            };
             if progress() == before {
                 let unwritten = Unwritten {
                     lines: p.lines.len() + usize::from(p.writing) + usize::from(last.is_some()),
