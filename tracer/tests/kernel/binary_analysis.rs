@@ -1338,8 +1338,10 @@ fn run_and_attach_trace_binaries_without_buildinfo() {
 /// Write a Go program embedding `mb` MB of data (an executable of that size
 /// plus ~2 MB, like services that embed their web assets) and build it with
 /// `build_args`; with `-wait` it blocks until its standard input closes.
+/// Its sources and the blob stay under the build's own directory, shared by
+/// the two tests that use them, and go with `target/`.
 fn large_go_binary(go: &GoToolchain, mb: usize, variant: &str, build_args: &[&str]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gostw-large-{mb}"));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("gostw-large-{mb}"));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("go.mod"), "module large\n\ngo 1.19\n").unwrap();
     std::fs::write(
