@@ -39,7 +39,18 @@ fn main() -> anyhow::Result<()> {
     // keep it to errors.
     // SAFETY: as above.
     unsafe { env::set_var("CARGO_TERM_QUIET", "true") };
-    aya_build::build_ebpf(
+    // The programs depend only on the target architecture, not on the
+    // profile or the host crate's features: one nested build per
+    // architecture under the workspace's target directory, which the debug,
+    // test and release builds of that architecture share (aya-build puts its
+    // own under OUT_DIR, one per build of this crate, each compiling `core`
+    // for BPF anew). The nested cargo locks that directory itself.
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").context("CARGO_CFG_TARGET_ARCH not set")?;
+    let shared = shared_ebpf_dir(&out_dir, &arch);
+    fs::create_dir_all(&shared)?;
+    // SAFETY: as above.
+    unsafe { env::set_var("OUT_DIR", &shared) };
+    let built = aya_build::build_ebpf(
         [aya_build::Package {
             name: "tracer-ebpf",
             root_dir: ebpf_dir,
@@ -47,5 +58,23 @@ fn main() -> anyhow::Result<()> {
         }],
         aya_build::Toolchain::default(),
     )
-    .context("building the eBPF programs failed; `cargo xtask setup` installs nightly rust-src and bpf-linker")
+    .context("building the eBPF programs failed; `cargo xtask setup` installs nightly rust-src and bpf-linker");
+    // SAFETY: as above.
+    unsafe { env::set_var("OUT_DIR", &out_dir) };
+    built?;
+    fs::copy(shared.join(EBPF_BIN), out_dir.join(EBPF_BIN))
+        .with_context(|| format!("copying {EBPF_BIN} from {}", shared.display()))?;
+    Ok(())
+}
+
+/// `target/ebpf/ARCH` of the target directory that holds `out_dir`, the
+/// outermost directory cargo tagged (each TRIPLE directory has a tag too)
+/// (`TARGET/[TRIPLE/]PROFILE/build/tracer-HASH/out`), or OUT_DIR itself
+/// where that layout is not found.
+fn shared_ebpf_dir(out_dir: &std::path::Path, arch: &str) -> PathBuf {
+    out_dir
+        .ancestors()
+        .filter(|d| d.join("CACHEDIR.TAG").is_file())
+        .last()
+        .map_or_else(|| out_dir.to_owned(), |target| target.join("ebpf").join(arch))
 }
