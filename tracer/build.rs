@@ -76,5 +76,8 @@ fn shared_ebpf_dir(out_dir: &std::path::Path, arch: &str) -> PathBuf {
         .ancestors()
         .filter(|d| d.join("CACHEDIR.TAG").is_file())
         .last()
-        .map_or_else(|| out_dir.to_owned(), |target| target.join("ebpf").join(arch))
+        .map_or_else(
+            || out_dir.to_owned(),
+            |target| target.join("ebpf").join(arch),
+        )
 }
