@@ -338,6 +338,9 @@ pub fn run(opts: &Options, out: &mut VmRun) -> anyhow::Result<()> {
         }
     }
     eprintln!("  tests run    {}", report.tests_run);
+    for left in report.facts_of("LEFTOVER") {
+        eprintln!("  left running {left} (a test did not end it)");
+    }
     eprintln!(
         "  quiet        {:.0?} at most (a stall is taken at {:?})",
         report.longest_quiet,
