@@ -449,6 +449,22 @@ pub fn sum_series(body: &str, name: &str, filters: &[&str]) -> f64 {
         .sum()
 }
 
+/// A workload started with `-start-on-signal` (it prints `GOSTW_WAITING`
+/// on `out` and waits for SIGUSR1): wait for that line and for the agent on
+/// `port` to trace the `stw` executable, then let it go, so that every
+/// pause it makes is traced.
+pub fn release_once_traced(out: &mut impl std::io::BufRead, pid: u32, port: u16) {
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "GOSTW_WAITING", "the workload did not wait");
+    wait_until("the workload to be traced", Duration::from_secs(30), || {
+        let body = http_get(port, "/metrics").map(|(_, b)| b)?;
+        (sum_series(&body, "gostw_traced_processes", &[r#"executable="stw""#]) == 1.0).then_some(())
+    });
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR1) }, 0);
+}
+
 /// The agent traces the page-out workload (its anonymous memory pushed to
 /// swap before each GC, so the GC's stop-the-world pause faults it back):
 /// /metrics shows swap-in major faults inside pauses, pauses with faults in

@@ -9,7 +9,7 @@
 
 use std::{
     fs,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
+    io::{BufReader, Read as _, Write as _},
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Command, ExitStatus, Stdio},
@@ -19,7 +19,7 @@ use std::{
 use serde::Deserialize;
 
 use crate::{
-    agent::{Procs, free_port, http_get, sum_series, wait_until},
+    agent::{Procs, free_port, http_get, release_once_traced, sum_series, wait_until},
     support::{build_workload, newest_go, ns, parse_report, require_root},
 };
 
@@ -149,15 +149,7 @@ fn traced_run(
     let (_, child) = procs.children.last_mut().unwrap();
     let pid = child.id();
     let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "GOSTW_WAITING", "the workload did not wait");
-    wait_until("the workload to be traced", Duration::from_secs(30), || {
-        let body = http_get(port, "/metrics").map(|(_, b)| b)?;
-        (sum_series(&body, "gostw_traced_processes", &[r#"executable="stw""#]) == 1.0).then_some(())
-    });
-    // SAFETY: signalling our own child.
-    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR1) }, 0);
+    release_once_traced(&mut out, pid, port);
     let reader = std::thread::spawn(move || {
         let mut rest = String::new();
         out.read_to_string(&mut rest).unwrap();

@@ -7,7 +7,7 @@
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead as _, BufReader, Read as _},
+    io::{BufReader, Read as _},
     process::{Command, Stdio},
     time::Duration,
 };
@@ -17,8 +17,8 @@ use serde_json::Value;
 
 use crate::{
     agent::{
-        Procs, free_port, http_get, start_agent, start_prometheus_with, sum_series, url_encode,
-        wait_until,
+        Procs, free_port, http_get, release_once_traced, start_agent, start_prometheus_with,
+        url_encode, wait_until,
     },
     laggards::names_spinner,
     support::{build_workload, newest_go, ns, parse_report, require_root},
@@ -41,16 +41,7 @@ fn run_traced(cmd: &mut Command, port: u16) -> (u32, String) {
     let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
     let pid = child.id();
     let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "GOSTW_WAITING", "the workload did not wait");
-    wait_until("the workload to be traced", Duration::from_secs(30), || {
-        let metrics = http_get(port, "/metrics").map(|(_, b)| b)?;
-        (sum_series(&metrics, "gostw_traced_processes", &[r#"executable="stw""#]) == 1.0)
-            .then_some(())
-    });
-    // SAFETY: signalling our own child.
-    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR1) }, 0);
+    release_once_traced(&mut out, pid, port);
     let mut rest = String::new();
     out.read_to_string(&mut rest).unwrap();
     assert!(child.wait().unwrap().success());
