@@ -2,8 +2,8 @@
 //! sinks, and the targets the `gostw` binary traces.
 //!
 //! Data flows one way: `kernel` (probes, ring buffer) -> `engine` (read,
-//! decode, correlate) -> `sink` (report, metrics). `target` says which
-//! processes are traced; `image` symbolizes for everyone.
+//! decode, correlate) -> `sink` (report, metrics, OTLP). `targets` says
+//! which processes are traced; `image` symbolizes for everyone.
 
 // The command line's modules name the library `tracer::`, as the binary does.
 extern crate self as tracer;

@@ -6,10 +6,11 @@
 //! their target, their options and their sink.
 //!
 //! - `event`: decoding raw records; `reader`: the async ring-buffer reader.
-//! - `pause`, `fault`: what a pause and a fault are; `caller`: who asked;
-//!   `explain`, `breakdown`, `laggard`: why it took as long as it did.
+//! - `caller`: who asked for a stop; `explain`, `breakdown`: why a pause
+//!   took as long as it did (what a pause, a fault and a laggard are lives
+//!   in `model`).
 //! - `correlate`: which faults belong to which pause (the one rule).
-//! - `stream`: the pure pipeline; `observed`: what it produces;
+//! - `stream`: the pure pipeline, which produces `model::observed`;
 //!   `annotate`: what the `/proc` watches (throttling, exposure) add to it.
 //! - `code`: stack growth's return addresses symbolized, once, for every sink.
 //! - `changes`: a target's changes applied to the tracker and the stream;

@@ -3,7 +3,8 @@
 //!
 //! - `report`: live lines and the summary, as text or JSON (attach, run,
 //!   faults, stacks).
-//! - `metrics`: the agent's Prometheus metrics.
+//! - `metrics`: the agent's Prometheus metrics; `otlp`: the same and the
+//!   slow pauses, pushed to an OpenTelemetry collector.
 //! - `profile`: pprof profiles of faults and stack growth (`--pprof`, the
 //!   agent's `/debug/pprof/*`).
 //! - `timeline`: the trace-event timeline (`--timeline`).
