@@ -304,7 +304,11 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
                     death = kernel_death(&line).map(str::to_owned);
                 }
                 if let Some((key, value)) = fact(&line) {
-                    if key == "SILENT" && report.boot_time.is_some() && stalled.is_none() {
+                    if key == "SILENT"
+                        && report.boot_time.is_some()
+                        && report.exit_code.is_none()
+                        && stalled.is_none()
+                    {
                         stalled = Some(value.to_owned());
                         deadline = deadline.min(Instant::now() + STALL_DUMP);
                     }
@@ -344,6 +348,13 @@ pub fn run(boot: &Boot) -> anyhow::Result<Report> {
         let _ = child.kill();
         let _ = child.wait();
         return Err(NotBooted(seen).into());
+    }
+    // The guest said it was silent past its limit: that boot stalled, even
+    // if its tests went on to end before the host stopped it.
+    if let Some(why) = stalled.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(GuestStalled(why, seen).into());
     }
     if matches!(outcome, Outcome::TimedOut) && report.exit_code.is_some() {
         eprintln!("the guest did not power off; stopping QEMU");
