@@ -140,9 +140,10 @@ code=$?
 kill "$watchdog" "$quiet_watch" 2>/dev/null
 
 echo "GOSTW_VM_KPROBE_HITS=do_swap_page $(hits do_swap_page)"
-# Processes the tests left running (busybox and kernel threads aside): a
-# test that does not end its children leaves them here, and the host's
-# summary names them.
+# Processes still running after the tests (busybox and kernel threads
+# aside): a child a test did not end, or gostw's own teardown child
+# (kernel/teardown.rs) still removing its probes. The host's summary
+# names them.
 for p in /proc/[0-9]*; do
 	exe=$(readlink "$p/exe" 2>/dev/null) || continue
 	[ "$exe" = /bin/busybox ] && continue

@@ -339,7 +339,7 @@ pub fn run(opts: &Options, out: &mut VmRun) -> anyhow::Result<()> {
     }
     eprintln!("  tests run    {}", report.tests_run);
     for left in report.facts_of("LEFTOVER") {
-        eprintln!("  left running {left} (a test did not end it)");
+        eprintln!("  left running {left}");
     }
     eprintln!(
         "  quiet        {:.0?} at most (a stall is taken at {:?})",
