@@ -150,7 +150,8 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             )
         })?;
         timed(&seen, "book", || {
-            crate::book::build(&std::env::temp_dir().join("gostw-book"))
+            // Under target/, so that the clone's removal takes it too.
+            crate::book::build(&workspace_root().join("target/book"))
         })?;
         let mut release = None;
         timed(&seen, "build", || {
