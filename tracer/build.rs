@@ -67,10 +67,10 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `target/ebpf/ARCH` of the target directory that holds `out_dir`, the
-/// outermost directory cargo tagged (each TRIPLE directory has a tag too)
-/// (`TARGET/[TRIPLE/]PROFILE/build/tracer-HASH/out`), or OUT_DIR itself
-/// where that layout is not found.
+/// `TARGET/ebpf/ARCH`, where TARGET is the outermost directory above
+/// `out_dir` (`TARGET/[TRIPLE/]PROFILE/build/tracer-HASH/out`) that cargo
+/// tagged with CACHEDIR.TAG: each TRIPLE directory has a tag too. OUT_DIR
+/// itself where no tag is found.
 fn shared_ebpf_dir(out_dir: &std::path::Path, arch: &str) -> PathBuf {
     out_dir
         .ancestors()
