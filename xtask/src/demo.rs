@@ -31,7 +31,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     if !setup::is_root() {
         bail!("gostw loads eBPF programs and needs root: run `sudo -E cargo xtask demo`");
     }
-    let gostw = build_gostw_release()?;
+    let gostw = crate::build::gostw(crate::arch::Arch::Amd64)?;
     let out = build_stw_workload(toolchain, &opts.go)?;
     step(
         "gostw run --threshold 200us -- stw (forced GCs, ReadMemStats and GOMAXPROCS calls): \
@@ -48,12 +48,6 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     );
     let gcswap = build_workload(toolchain, &opts.go, "gcswap")?;
     crate::pageout::run(&gostw, &gcswap)
-}
-
-/// Build gostw in release mode, static (the binary `cargo xtask dist`
-/// ships); returns it.
-pub fn build_gostw_release() -> anyhow::Result<PathBuf> {
-    crate::dist::build_static(crate::arch::Arch::Amd64)
 }
 
 /// Build the bundled `stw` workload with `toolchain`; returns the binary.

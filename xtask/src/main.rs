@@ -6,6 +6,7 @@
 mod arch;
 mod bench;
 mod book;
+mod build;
 mod cmd;
 mod demo;
 mod dist;

@@ -39,7 +39,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
         Scenario::Pageout => {
             let toolchain =
                 go::toolchain(go::DEFAULT).context("the default Go is in the matrix")?;
-            let gostw = demo::build_gostw_release()?;
+            let gostw = crate::build::gostw(crate::arch::Arch::Amd64)?;
             let gcswap = demo::build_workload(toolchain, go::DEFAULT, "gcswap")?;
             step("the page-out scenario under gostw run");
             return crate::pageout::run(&gostw, &gcswap);
@@ -49,7 +49,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     };
     step(&format!("scenario: {test}"));
     exec(
-        crate::test::kernel_tests()
+        crate::build::kernel_tests()
             .args(["--", "--test-threads=1", "--nocapture", "--exact", test])
             .env("GOSTW_GO_MATRIX", go::matrix_env()),
     )

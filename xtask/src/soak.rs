@@ -47,7 +47,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     if !setup::is_root() {
         bail!("the agent loads eBPF programs and needs root: run `sudo -E cargo xtask soak-agent`");
     }
-    let gostw = crate::demo::build_gostw_release()?;
+    let gostw = crate::build::gostw(crate::arch::Arch::Amd64)?;
     let mut bins = Vec::new();
     for version in [go::DEFAULT, "1.22.10"] {
         let t = go::toolchain(version).context("Go version not in the matrix")?;

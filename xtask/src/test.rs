@@ -17,8 +17,9 @@ use anyhow::{Context as _, bail};
 
 use crate::{
     arch::Arch,
+    build,
     cmd::{WORKSPACE, exec, free_bytes, step, workspace_root},
-    demo, go, setup,
+    go, setup,
     testlog::{Outcome, TestLog},
     vm,
 };
@@ -158,22 +159,17 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
             step(
                 "build everything the tests run, once: unit and kernel test binaries, release gostw",
             );
-            // One invocation with one feature set: the tracer library is
-            // compiled once for the unit and the kernel tests.
-            exec(cargo().arg("test").args(WORKSPACE).arg("--no-run"))?;
-            release = Some(demo::build_gostw_release()?);
+            // One form for all (build.rs): the release gostw compiles
+            // nothing after the test build.
+            build::tests(Arch::Amd64)?;
+            release = Some(build::gostw(Arch::Amd64)?);
             Ok(())
         })?;
         let release = release.context("the build step gave no release binary")?;
         timed(&seen, "unit tests", || {
             step("unit tests");
-            exec(
-                cargo()
-                    .arg("test")
-                    .args(WORKSPACE)
-                    .args(["--lib", "--bins"]),
-            )?;
-            exec(cargo().arg("test").args(WORKSPACE).arg("--doc"))
+            exec(build::cargo(Arch::Amd64, "test").args(["--lib", "--bins"]))?;
+            exec(build::cargo(Arch::Amd64, "test").arg("--doc"))
         })?;
         let host_filters: Vec<&String> = opts
             .kernel_test_args
@@ -201,7 +197,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
                             "the kernel tests load eBPF programs and need root: run `sudo -E cargo xtask test`"
                         );
                     }
-                    let mut cmd = kernel_tests();
+                    let mut cmd = build::kernel_tests();
                     cmd.args(["--", "--test-threads=1"])
                         .args(vm::HOST_SKIP.iter().flat_map(|(t, _)| ["--skip", *t]))
                         .args(&opts.kernel_test_args)
@@ -258,7 +254,10 @@ fn guests(
         timed(seen, "dist", || {
             let mut builds = vec![(Arch::Amd64, release.to_owned())];
             if entries.iter().any(|(arch, _, _)| *arch == Arch::Arm64) {
-                builds.push((Arch::Arm64, crate::dist::build_static(Arch::Arm64)?));
+                // The arm64 guest's test binary first: the release build
+                // then compiles nothing (build.rs).
+                build::tests(Arch::Arm64)?;
+                builds.push((Arch::Arm64, build::gostw(Arch::Arm64)?));
             }
             crate::dist::artifacts(&builds)
         })?;
@@ -295,7 +294,7 @@ fn guests(
 /// Filters given to the host's kernel tests must each match a test, as the
 /// VM's must: one that matches none would leave its part unrun, silently.
 fn check_host_filters(args: &[String]) -> anyhow::Result<()> {
-    let list = crate::cmd::output(kernel_tests().args(["--", "--list"]))?;
+    let list = crate::cmd::output(build::kernel_tests().args(["--", "--list"]))?;
     let names: Vec<&str> = list
         .lines()
         .filter_map(|l| l.strip_suffix(": test"))
@@ -451,13 +450,6 @@ impl Tally {
 fn cargo() -> Command {
     let mut c = Command::new("cargo");
     c.current_dir(workspace_root());
-    c
-}
-
-/// `cargo test` of the kernel test binary; arguments after a `--` go to it.
-pub fn kernel_tests() -> Command {
-    let mut c = cargo();
-    c.arg("test").args(WORKSPACE).args(["--test", "kernel"]);
     c
 }
 

@@ -17,7 +17,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{cmd::step, demo, setup};
+use crate::{cmd::step, setup};
 
 /// What to run.
 pub struct Options {
@@ -243,7 +243,7 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
     if !setup::is_root() {
         bail!("the faults bench attaches eBPF programs: run `sudo -E cargo xtask bench faults`");
     }
-    let bin = demo::build_gostw_release()?;
+    let bin = crate::build::gostw(crate::arch::Arch::Amd64)?;
     let file = PathBuf::from(format!(
         "/var/tmp/gostw-bench-faults-{}.dat",
         std::process::id()

@@ -32,7 +32,7 @@ pub use self::run::{TrapWorkerOptions, trap_worker};
 use super::bpf;
 use crate::{
     cmd::{exec, step, workspace_root},
-    demo, go, setup,
+    go, setup,
 };
 
 /// Work sizes and settings of `bench overhead`.
@@ -96,7 +96,7 @@ pub fn run(rounds: u32, go_version: &str, o: &OverheadOptions) -> anyhow::Result
     if !setup::is_root() {
         bail!("the overhead bench loads eBPF programs: run `sudo -E cargo xtask bench overhead`");
     }
-    let gostw = demo::build_gostw_release()?;
+    let gostw = crate::build::gostw(crate::arch::Arch::Amd64)?;
     let alloc = build_workload(toolchain, go_version, "alloc")?;
     let stackgrowth = build_workload(toolchain, go_version, "stackgrowth")?;
     let stw = build_workload(toolchain, go_version, "stw")?;

@@ -30,7 +30,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     if !setup::is_root() {
         bail!("gostw loads eBPF programs and needs root: run `sudo -E cargo xtask bench stack`");
     }
-    let gostw = demo::build_gostw_release()?;
+    let gostw = crate::build::gostw(crate::arch::Arch::Amd64)?;
     let workload = demo::build_workload(toolchain, &opts.go, "stackgrowth")?;
     let gostw = gostw.to_string_lossy().into_owned();
     let bt = format!(

@@ -58,7 +58,7 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     if !setup::is_root() {
         bail!("gostw loads eBPF programs and needs root: run `sudo -E cargo xtask bench stopping`");
     }
-    let gostw = demo::build_gostw_release()?;
+    let gostw = crate::build::gostw(crate::arch::Arch::Amd64)?;
     let workload = demo::build_stw_workload(toolchain, &opts.go)?;
     let args = [
         "-gc",

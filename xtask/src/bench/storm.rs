@@ -70,7 +70,7 @@ pub fn run(processes: u32, rounds: u32, version: &str) -> anyhow::Result<()> {
     if !setup::is_root() {
         bail!("the storm needs root (eBPF, swap, cgroups): run `sudo -E cargo xtask bench storm`");
     }
-    let gostw = demo::build_gostw_release()?;
+    let gostw = crate::build::gostw(crate::arch::Arch::Amd64)?;
     let gcswap = demo::build_workload(toolchain, version, "gcswap")?;
     let stw = demo::build_stw_workload(toolchain, version)?;
     let _swap = SwapFile::create("bench-storm", 2).context("setting up swap")?;

@@ -25,7 +25,7 @@ use anyhow::{Context as _, bail};
 use super::kernel::Kernel;
 use crate::{
     arch::Arch,
-    cmd::{cache_dir, exec, output, step, workspace_root},
+    cmd::{cache_dir, exec, step, workspace_root},
     go,
 };
 
@@ -67,62 +67,16 @@ pub struct Binaries {
     pub release: PathBuf,
 }
 
-/// Build the kernel test binary for `arch` without running it; find it and
-/// `gostw` in cargo's JSON messages. For amd64 they are the host's own
-/// builds (the host's kernel test step runs the same binary); for arm64
-/// they are cross-built and static, like the release binary.
+/// The kernel test binary and `gostw` for `arch`, from the one test build
+/// of this run (build.rs): for amd64 the host's own, for arm64 cross-built;
+/// static, like the release binary, which is the same file.
 pub fn build_binaries(arch: Arch) -> anyhow::Result<Binaries> {
-    // Built once per run and architecture: guests of one architecture boot
-    // one after the other, while another architecture's cross builds may
-    // hold cargo's lock for minutes.
-    static BUILT: std::sync::Mutex<Vec<Binaries>> = std::sync::Mutex::new(Vec::new());
-    if let Some(b) = BUILT.lock().unwrap().iter().find(|b| b.arch == arch) {
-        return Ok(b.clone());
-    }
-    let built = build_binaries_now(arch)?;
-    BUILT.lock().unwrap().push(built.clone());
-    Ok(built)
-}
-
-fn build_binaries_now(arch: Arch) -> anyhow::Result<Binaries> {
-    step(&format!(
-        "build the kernel test binary (for the {} guest)",
-        arch.name()
-    ));
-    let mut cargo = Command::new("cargo");
-    cargo
-        .current_dir(workspace_root())
-        .arg("test")
-        .args(crate::cmd::WORKSPACE)
-        .args(["--test", "kernel", "--no-run", "--message-format=json"]);
-    if arch != Arch::Amd64 {
-        arch.cargo_static(&mut cargo);
-    }
-    let json = output(&mut cargo)?;
-    let mut tests = None;
-    let mut gostw = None;
-    for line in json.lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if msg["reason"] != "compiler-artifact" {
-            continue;
-        }
-        let Some(exe) = msg["executable"].as_str() else {
-            continue;
-        };
-        let kinds = &msg["target"]["kind"];
-        match msg["target"]["name"].as_str() {
-            Some("kernel") if kinds[0] == "test" => tests = Some(PathBuf::from(exe)),
-            Some("gostw") if kinds[0] == "bin" => gostw = Some(PathBuf::from(exe)),
-            _ => {}
-        }
-    }
+    let built = crate::build::tests(arch)?;
     Ok(Binaries {
         arch,
-        tests: tests.context("cargo built no `kernel` test executable")?,
-        gostw: gostw.context("cargo built no `gostw` executable")?,
-        release: crate::dist::build_static(arch)?,
+        tests: built.kernel,
+        gostw: built.gostw,
+        release: crate::build::gostw(arch)?,
     })
 }
 
