@@ -82,8 +82,8 @@ curl -sf "http://127.0.0.1:$prom_port/api/v1/query_exemplars?query=gostw_pause_d
   >"$work/exemplars.json"
 ids=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["data"]; print(len({e["labels"]["pause_id"] for s in d for e in s["exemplars"]}))' "$work/exemplars.json")
 {
-  echo "\$ gostw pauses --agent 127.0.0.1:$agent_port --min 10ms --limit 3"
-  "$gostw" pauses --agent "127.0.0.1:$agent_port" --min 10ms --limit 3
+  echo "\$ gostw pauses --agent 127.0.0.1:$agent_port --slow-pause 10ms --limit 3"
+  "$gostw" pauses --agent "127.0.0.1:$agent_port" --slow-pause 10ms --limit 3
 } >"$work/record.txt"
 echo "exemplars kept by Prometheus: $ids distinct pause ids"
 ls -l docs/pause-exemplars.png "$work/record.txt"

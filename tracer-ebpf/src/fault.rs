@@ -16,9 +16,8 @@ use tracer_common::{
     fault::{Backend, FAULT_STACK_DEPTH, FaultEvent, FaultRecord, FaultState},
 };
 
-use crate::{
-    maps::{EVENTS, EVENTS_BYTES, FAULT_COUNTS, SUBMIT_FLAGS, count, ringbuf_full},
-    pause::PAUSE_WINDOWS,
+use crate::maps::{
+    EVENTS, EVENTS_BYTES, FAULT_COUNTS, PAUSE_WINDOWS, SUBMIT_FLAGS, count, ringbuf_full,
 };
 
 /// Unread bytes in `EVENTS` past which faults outside pauses are counted

@@ -10,6 +10,7 @@ use aya_ebpf::{
 use tracer_common::{
     counters::Counter,
     fault::FaultCounts,
+    pause::PauseWindow,
     process::{Probe, ProbeHitKey, TracedProcess},
 };
 
@@ -19,6 +20,18 @@ pub use tracer_common::process::MAX_TRACED;
 /// can reach a probe; every probe checks it first.
 #[map]
 pub static TRACED: HashMap<u32, TracedProcess> =
+    HashMap::with_max_entries(MAX_TRACED, BPF_F_NO_PREALLOC);
+
+/// The pause window of each traced process, by tgid, inserted closed
+/// (`PauseWindow::closed`) by user space when it traces the process and
+/// deleted when the process goes away: open from `stopTheWorldWithSema`
+/// entry to a RET of `startTheWorldWithSema`, then closed (`stop_ts_ns` 0)
+/// for the next pause. A process stops the world at most once at a time
+/// (`worldsema`), so one slot per tgid. Only traced processes have one, so
+/// the lookup is the pause probes' traced check too. Not preallocated: see
+/// `MAX_TRACED`.
+#[map]
+pub static PAUSE_WINDOWS: HashMap<u32, PauseWindow> =
     HashMap::with_max_entries(MAX_TRACED, BPF_F_NO_PREALLOC);
 
 /// Size of the `EVENTS` ring buffer.

@@ -8,12 +8,10 @@
 
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::BPF_F_NO_PREALLOC,
     helpers::{
         bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_buf,
     },
-    macros::{map, uprobe},
-    maps::HashMap,
+    macros::uprobe,
     programs::ProbeContext,
 };
 use tracer_common::{
@@ -25,21 +23,9 @@ use tracer_common::{
 
 use crate::{
     explain,
-    maps::{MAX_TRACED, PAUSE_EVENTS, SUBMIT_FLAGS, count, ringbuf_full, traced},
+    maps::{PAUSE_EVENTS, PAUSE_WINDOWS, SUBMIT_FLAGS, count, ringbuf_full, traced},
     regs,
 };
-
-/// The pause window of each traced process, by tgid, inserted closed
-/// (`PauseWindow::closed`) by user space when it traces the process and
-/// deleted when the process goes away: open from `stopTheWorldWithSema`
-/// entry to a RET of `startTheWorldWithSema`, then closed (`stop_ts_ns` 0)
-/// for the next pause. A process stops the world at most once at a time
-/// (`worldsema`), so one slot per tgid. Only traced processes have one, so
-/// the lookup is the pause probes' traced check too. Not preallocated: see
-/// `MAX_TRACED`.
-#[map]
-pub static PAUSE_WINDOWS: HashMap<u32, PauseWindow> =
-    HashMap::with_max_entries(MAX_TRACED, BPF_F_NO_PREALLOC);
 
 /// Go: `func stopTheWorldWithSema(reason stwReason) worldStop` (1.21+, reason
 /// in AL); `func stopTheWorldWithSema()` before, with the reason in

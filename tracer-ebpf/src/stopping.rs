@@ -11,7 +11,7 @@
 use aya_ebpf::{EbpfContext as _, macros::uprobe, programs::ProbeContext};
 use tracer_common::pause::{PauseEvent, PauseWindow};
 
-use crate::{explain, pause::PAUSE_WINDOWS, regs};
+use crate::{explain, maps::PAUSE_WINDOWS, regs};
 
 #[uprobe]
 pub fn stw_stopped(ctx: ProbeContext) -> u32 {

@@ -35,7 +35,7 @@ fn nonsensical_durations_and_intervals_are_refused() {
         &["attach", "--pid", "1", "--duration", "1s"],
         &["attach", "--pid", "1", "--exposure-every", "0"],
         &["attach", "--pid", "1", "--exposure-every", "100ms"],
-        &["attach", "--pid", "1", "--threshold", "0"],
+        &["attach", "--pid", "1", "--slow-pause", "0"],
         &["memory", "--pid", "1", "--interval", "0"],
         &["agent", "--exposure-every", "0"],
     ];
@@ -45,6 +45,62 @@ fn nonsensical_durations_and_intervals_are_refused() {
             panic!("{args:?} refused: {e}");
         }
     }
+}
+
+/// "A pause at least this long" is `--slow-pause` in every command that
+/// has it; the names it had before (attach and run's `--threshold`,
+/// pauses' `--min`) still parse, to the same option, and are not shown.
+#[test]
+fn a_slow_pause_has_one_name_and_the_old_ones_still_work() {
+    use clap::CommandFactory as _;
+    let mut cmd = Cli::command();
+    cmd.build();
+    for sub in ["attach", "run", "agent", "pauses"] {
+        let sub = cmd.find_subcommand(sub).unwrap();
+        let arg = sub
+            .get_arguments()
+            .find(|a| a.get_long() == Some("slow-pause"))
+            .unwrap_or_else(|| panic!("{} has no --slow-pause", sub.get_name()));
+        assert!(!arg.is_hide_set());
+        for old in ["threshold", "min"] {
+            assert!(
+                sub.get_arguments().all(|a| a.get_long() != Some(old)),
+                "{} still has a flag --{old} of its own",
+                sub.get_name()
+            );
+        }
+        let shown: Vec<&str> = sub
+            .get_arguments()
+            .flat_map(|a| a.get_visible_aliases().unwrap_or_default())
+            .collect();
+        assert!(
+            shown.is_empty(),
+            "{}: visible aliases {shown:?}",
+            sub.get_name()
+        );
+    }
+    let same = |old: &[&str], new: &[&str]| {
+        let parse = |a: &[&str]| {
+            let m = Cli::command()
+                .try_get_matches_from(std::iter::once("gostw").chain(a.iter().copied()))
+                .unwrap_or_else(|e| panic!("{a:?}: {e}"));
+            let (_, sub) = m.subcommand().unwrap();
+            *sub.get_one::<std::time::Duration>("slow_pause").unwrap()
+        };
+        assert_eq!(parse(old), parse(new), "{old:?} against {new:?}");
+    };
+    same(
+        &["attach", "--pid", "1", "--threshold", "5ms"],
+        &["attach", "--pid", "1", "--slow-pause", "5ms"],
+    );
+    same(
+        &["run", "--threshold", "200us", "--", "prog"],
+        &["run", "--slow-pause", "200us", "--", "prog"],
+    );
+    same(
+        &["pauses", "--min", "5ms"],
+        &["pauses", "--slow-pause", "5ms"],
+    );
 }
 
 /// An io error wrapped by an error whose message already ends with it is

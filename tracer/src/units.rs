@@ -61,6 +61,16 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A period of the agent's own work (`--poll-interval`,
+/// `--otlp-interval`): `parse_duration`, from 10 ms to 1 hour.
+pub fn parse_period(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if !(Duration::from_millis(10)..=Duration::from_secs(3600)).contains(&d) {
+        return Err(format!("{s} is outside 10ms..1h"));
+    }
+    Ok(d)
+}
+
 /// Bytes in binary units, one decimal: `1536` -> "1.5 KiB" (memory reports).
 pub fn fmt_bytes(n: u64) -> String {
     let (v, u) = scaled(n, ["B", "KiB", "MiB", "GiB", "TiB"]);
@@ -146,6 +156,16 @@ pub fn fmt_time_of_day(unix_ns: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn periods() {
+        assert_eq!(parse_period("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_period("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_period("2m"), Ok(Duration::from_secs(120)));
+        for bad in ["1", "s", "2h", "0", "5ms", "2d", "-1s"] {
+            assert!(parse_period(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn byte_and_duration_formats() {

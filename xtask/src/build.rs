@@ -86,9 +86,12 @@ pub fn tests(arch: Arch) -> anyhow::Result<TestBinaries> {
             continue;
         };
         let kind = &msg["target"]["kind"][0];
+        // The bin's own unit tests are a "gostw" bin artifact too, built
+        // in test mode: not the program the tests start.
+        let harness = msg["profile"]["test"] == true;
         match msg["target"]["name"].as_str() {
             Some("kernel") if kind == "test" => kernel = Some(PathBuf::from(exe)),
-            Some("gostw") if kind == "bin" => gostw = Some(PathBuf::from(exe)),
+            Some("gostw") if kind == "bin" && !harness => gostw = Some(PathBuf::from(exe)),
             _ => {}
         }
     }
@@ -96,6 +99,14 @@ pub fn tests(arch: Arch) -> anyhow::Result<TestBinaries> {
         kernel: kernel.context("cargo built no `kernel` test executable")?,
         gostw: gostw.context("cargo built no `gostw` executable")?,
     };
+    // The guests put the release binary where the tests look for gostw.
+    let release = workspace_root().join(format!("target/{}/release/gostw", arch.rust_target()));
+    ensure!(
+        built.gostw == release,
+        "the tests' gostw is {}, not the release binary {}",
+        built.gostw.display(),
+        release.display()
+    );
     TESTS_BUILT.lock().unwrap().push((arch, built.clone()));
     Ok(built)
 }

@@ -34,12 +34,12 @@ pub fn run(opts: &Options) -> anyhow::Result<()> {
     let gostw = crate::build::gostw(crate::arch::Arch::Amd64)?;
     let out = build_stw_workload(toolchain, &opts.go)?;
     step(
-        "gostw run --threshold 200us -- stw (forced GCs, ReadMemStats and GOMAXPROCS calls): \
+        "gostw run --slow-pause 200us -- stw (forced GCs, ReadMemStats and GOMAXPROCS calls): \
          a line per pause of 200 us or more, then the summary",
     );
     exec(
         Command::new(&gostw)
-            .args(["run", "--threshold", "200us", "--"])
+            .args(["run", "--slow-pause", "200us", "--"])
             .arg(&out),
     )?;
     step(

@@ -59,7 +59,7 @@ fn scenario(gostw: &Path, gcswap: &Path) -> anyhow::Result<()> {
     let procs = CString::new(cgroup.path.join("cgroup.procs").as_os_str().as_bytes())?;
 
     let mut cmd = Command::new(gostw);
-    cmd.args(["run", "--threshold", THRESHOLD, "--"])
+    cmd.args(["run", "--slow-pause", THRESHOLD, "--"])
         .arg(gcswap)
         .args(PAGEOUT_ARGS)
         .envs(PAGEOUT_ENV.iter().copied())
@@ -71,7 +71,7 @@ fn scenario(gostw: &Path, gcswap: &Path) -> anyhow::Result<()> {
         cmd.pre_exec(move || join_cgroup(&procs));
     }
     eprintln!(
-        "+ {} run --threshold {THRESHOLD} -- {} {}  ({})",
+        "+ {} run --slow-pause {THRESHOLD} -- {} {}  ({})",
         gostw.display(),
         gcswap.display(),
         PAGEOUT_ARGS.join(" "),

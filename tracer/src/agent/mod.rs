@@ -77,8 +77,8 @@ pub struct Options {
     pub explain: bool,
     /// How often each traced process's memory exposure is read (zero: never).
     pub exposure_every: Duration,
-    /// Pauses at least this long are recorded.
-    pub slow_pause: Duration,
+    /// The pauses recorded.
+    pub slow: crate::model::pause::SlowThreshold,
     pub store: StoreLimits,
     pub pause_log: PauseLogTo,
     pub pause_log_max_bytes: u64,
@@ -196,7 +196,7 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
             "records and profiles to loopback peers"
         },
         args.poll_interval,
-        crate::units::fmt_ns(args.slow_pause.as_nanos() as u64)
+        crate::units::fmt_ns(args.slow.min_ns())
     ));
     let mut runtimes: Vec<Box<dyn Runtime>> = Vec::new();
     if let Some(socket) = &args.containerd_socket {
@@ -218,16 +218,10 @@ pub async fn run(args: Options) -> anyhow::Result<()> {
     // thread reads.
     let sink = (
         (
-            MetricsSink::new(metrics.clone())
-                .with_record_exemplars(args.slow_pause.as_nanos() as u64),
+            MetricsSink::new(metrics.clone()).with_record_exemplars(args.slow),
             ProfileCollector::new(profiles.store.clone(), GrowthCounting::Events),
         ),
-        SlowPauseSink::new(
-            pauses.store.clone(),
-            args.slow_pause.as_nanos() as u64,
-            log,
-            metrics.clone(),
-        ),
+        SlowPauseSink::new(pauses.store.clone(), args.slow, log, metrics.clone()),
     );
     let otlp = match &args.otlp {
         Some(o) => {

@@ -25,7 +25,8 @@ pub struct Args {
     #[arg(long)]
     pub pprof_allow_remote: bool,
     /// Record every pause at least this long, with its explanation, for
-    /// /debug/pauses, `gostw pauses` and the pause log (0: every pause).
+    /// /debug/pauses, `gostw pauses`, the pause log, the exemplars and OTLP
+    /// (0: every pause).
     #[arg(long, value_name = "DURATION", default_value = "1ms", value_parser = tracer::units::parse_duration)]
     pub slow_pause: Duration,
     /// Slow-pause records kept in memory in all; the oldest go first
@@ -56,7 +57,7 @@ pub struct Args {
     pub cgroup: Option<String>,
     /// How often /proc is compared with the previous poll (new processes are
     /// traced at most this long after they start). E.g. 500ms, 1s, 2m.
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = tracer::units::parse_period)]
     pub poll_interval: Duration,
     /// containerd's socket, asked for the Kubernetes names (namespace, pod,
     /// container) of the containers traced processes run in; "off": label
@@ -86,7 +87,7 @@ pub struct Args {
     pub otlp_protocol: Option<Protocol>,
     /// How often metrics are sent over OTLP (slow-pause records go within a
     /// second).
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = tracer::units::parse_period)]
     pub otlp_interval: Duration,
     /// Executables traced at once; more are counted as attach failures.
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -117,16 +118,6 @@ fn parse_regex(s: &str) -> Result<Regex, String> {
     Regex::new(s).map_err(|e| format!("not a valid regular expression: {e}"))
 }
 
-/// A poll interval: "250ms", "1s", "2m" (`units::parse_duration`), between
-/// 10 ms and 1 hour.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = tracer::units::parse_duration(s)?;
-    if !(Duration::from_millis(10)..=Duration::from_secs(3600)).contains(&d) {
-        return Err(format!("{s} is outside 10ms..1h"));
-    }
-    Ok(d)
-}
-
 impl Args {
     fn options(self) -> Options {
         let otlp = self.otlp();
@@ -146,7 +137,7 @@ impl Args {
             max_label_sets: self.max_label_sets,
             explain: !self.no_explain,
             exposure_every: self.exposure_every,
-            slow_pause: self.slow_pause,
+            slow: tracer::model::pause::SlowThreshold::at_least(self.slow_pause),
             store: StoreLimits {
                 total: self.slow_pauses_kept as usize,
                 per_label_set: self.slow_pauses_per_set as usize,
@@ -183,7 +174,7 @@ impl Args {
             endpoint: self.otlp_endpoint.clone(),
             protocol,
             interval: self.otlp_interval,
-            slow_pause_ns: self.slow_pause.as_nanos() as u64,
+            slow: tracer::model::pause::SlowThreshold::at_least(self.slow_pause),
             host_name: tracer::procfs::host_name(),
         })
     }
@@ -192,19 +183,4 @@ impl Args {
 /// Run the agent until SIGINT or SIGTERM.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     tracer::agent::run(args.options()).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        for bad in ["1", "s", "2h", "0", "5ms", "2d", "-1s"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
 }

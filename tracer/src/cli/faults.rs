@@ -44,7 +44,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
     let files = Outputs::new(&args.files, Profiles::Faults, &core)?;
     // Files first: a bad path fails before a program starts.
     let target = target_of(args.pid, &args.command)?;
-    let output = stdout_output(args.json, u64::MAX);
+    let output = stdout_output(args.json, tracer::model::pause::SlowThreshold::NONE);
     trace(Trace {
         target,
         sink: report(View::Faults, output, &core),

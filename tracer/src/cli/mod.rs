@@ -22,6 +22,7 @@ use policy::{AfterGrace, OnSignal, OutputState};
 use tracer::{
     engine::{Engine, Stop, Until},
     kernel::{CoreOptions, capabilities::FaultSource, stacks::StackGrowthOptions},
+    model::pause::SlowThreshold,
     sink::{
         file::{SharedFile, WholeFile},
         queued::{Bounds, LineQueue, OutputCounters, RawStdout},
@@ -40,9 +41,9 @@ pub struct TraceOptions {
     #[arg(long, value_parser = parse_positive_duration)]
     pub duration: Option<Duration>,
     /// Print a line for each pause at least this long (0 = every pause);
-    /// default 1ms, or every pause with --json.
-    #[arg(long, value_parser = parse_duration)]
-    pub threshold: Option<Duration>,
+    /// default 1ms, or every pause with --json. (Formerly --threshold.)
+    #[arg(long, value_name = "DURATION", alias = "threshold", value_parser = parse_duration)]
+    pub slow_pause: Option<Duration>,
     /// JSON lines (docs/reference/json.md) instead of text.
     #[arg(long)]
     pub json: bool,
@@ -112,7 +113,7 @@ impl TraceOptions {
         } else {
             Duration::from_millis(1)
         };
-        let threshold = self.threshold.unwrap_or(default).as_nanos() as u64;
+        let slow = SlowThreshold::at_least(self.slow_pause.unwrap_or(default));
         let out: Box<dyn std::io::Write> = match &self.output {
             Some(path) => {
                 let f = SharedFile::new(
@@ -122,9 +123,9 @@ impl TraceOptions {
                 files.output = Some(f.clone());
                 Box::new(f)
             }
-            None => return Ok(stdout_output(self.json, threshold)),
+            None => return Ok(stdout_output(self.json, slow)),
         };
-        Ok(Output::new(out, self.json, threshold))
+        Ok(Output::new(out, self.json, slow))
     }
 }
 
@@ -139,7 +140,7 @@ const STDOUT_BOUNDS: Bounds = Bounds {
 /// Live records and the summary to standard output, through a queue (a
 /// slow reader costs lines, counted, never the trace), watched for its
 /// reader going away when it is a pipe.
-pub fn stdout_output(json: bool, threshold_ns: u64) -> Output {
+pub fn stdout_output(json: bool, slow: SlowThreshold) -> Output {
     let queue = LineQueue::start(
         "stdout",
         STDOUT_BOUNDS,
@@ -147,10 +148,10 @@ pub fn stdout_output(json: bool, threshold_ns: u64) -> Output {
         OutputCounters::default(),
     );
     let mut o = match queue {
-        Ok(q) => Output::queued(q, json, threshold_ns),
+        Ok(q) => Output::queued(q, json, slow),
         Err(e) => {
             log::warn!("standard output written directly: {e}");
-            Output::new(Box::new(std::io::stdout()), json, threshold_ns)
+            Output::new(Box::new(std::io::stdout()), json, slow)
         }
     };
     o.watch = tracer::sink::file::stdout_pipe();

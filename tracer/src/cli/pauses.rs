@@ -19,9 +19,10 @@ pub struct Args {
     /// Only pauses that began this long ago or later (e.g. 10m, 2h).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub since: Option<Duration>,
-    /// Only pauses at least this long (e.g. 5ms).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    pub min: Option<Duration>,
+    /// Only pauses at least this long (e.g. 5ms; the endpoint's `min`).
+    /// (Formerly --min.)
+    #[arg(long, value_name = "DURATION", alias = "min", value_parser = parse_duration)]
+    pub slow_pause: Option<Duration>,
     /// Only this executable's pauses (its file name, the series' label).
     #[arg(long, value_name = "NAME")]
     pub executable: Option<String>,
@@ -57,7 +58,7 @@ impl Args {
         if let Some(d) = self.since {
             q.push(format!("since={}", ns(d)));
         }
-        if let Some(d) = self.min {
+        if let Some(d) = self.slow_pause {
             q.push(format!("min={}", ns(d)));
         }
         if let Some(p) = self.pid {
@@ -142,7 +143,7 @@ mod tests {
         let a = Args {
             agent: "127.0.0.1:9477".into(),
             since: Some(Duration::from_secs(600)),
-            min: Some(Duration::from_millis(5)),
+            slow_pause: Some(Duration::from_millis(5)),
             executable: Some("my api".into()),
             container: None,
             namespace: None,

@@ -94,9 +94,13 @@ pub async fn run(args: StacksArgs) -> anyhow::Result<i32> {
     // A started program keeps the terminal's standard output for its own
     // text (JSON stays on standard output, one line, for machines).
     let out = if args.pid.is_none() && !args.json {
-        Output::new(Box::new(std::io::stderr()), args.json, u64::MAX)
+        Output::new(
+            Box::new(std::io::stderr()),
+            args.json,
+            tracer::model::pause::SlowThreshold::NONE,
+        )
     } else {
-        stdout_output(args.json, u64::MAX)
+        stdout_output(args.json, tracer::model::pause::SlowThreshold::NONE)
     };
     let mut sink = report(View::Stacks, out, &core);
     sink.goroutines = args.goroutines;

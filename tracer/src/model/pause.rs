@@ -165,6 +165,40 @@ pub struct PauseRecord {
     pub explain_input: Option<Box<super::laggard::ExplainInput>>,
 }
 
+/// What makes a pause slow, for every output that keeps or prints only
+/// slow ones (`--slow-pause`: attach and run's lines, the agent's records,
+/// its exemplars and its OTLP log records, `gostw pauses`): at least this
+/// long. Zero takes every pause.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlowThreshold {
+    min_ns: u64,
+}
+
+impl SlowThreshold {
+    /// Every pause is slow.
+    pub const ALL: SlowThreshold = SlowThreshold { min_ns: 0 };
+    /// No pause is slow (an output that prints no pause line).
+    pub const NONE: SlowThreshold = SlowThreshold { min_ns: u64::MAX };
+
+    pub fn at_least(min: std::time::Duration) -> SlowThreshold {
+        SlowThreshold::from_ns(u64::try_from(min.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    pub const fn from_ns(min_ns: u64) -> SlowThreshold {
+        SlowThreshold { min_ns }
+    }
+
+    /// Whether a pause of `duration_ns` is slow.
+    pub fn is_slow(self, duration_ns: u64) -> bool {
+        self != SlowThreshold::NONE && duration_ns >= self.min_ns
+    }
+
+    /// The bound, in ns.
+    pub fn min_ns(self) -> u64 {
+        self.min_ns
+    }
+}
+
 impl PauseRecord {
     /// The reason, typed.
     pub fn stw_reason(&self) -> StwReason {

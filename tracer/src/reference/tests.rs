@@ -278,7 +278,11 @@ fn records() -> Vec<serde_json::Value> {
     let out = Buf::default();
     let mut s = ReportSink::new(
         View::Trace,
-        Output::new(Box::new(out.clone()), true, 0),
+        Output::new(
+            Box::new(out.clone()),
+            true,
+            crate::model::pause::SlowThreshold::ALL,
+        ),
         true,
         Some(Mode::Sampled),
     );

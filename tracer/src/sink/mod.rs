@@ -70,7 +70,11 @@ pub mod tests_support {
         };
         let report = ReportSink::new(
             View::Trace,
-            Output::new(Box::new(io::sink()), true, u64::MAX),
+            Output::new(
+                Box::new(io::sink()),
+                true,
+                crate::model::pause::SlowThreshold::NONE,
+            ),
             true,
             None,
         );

@@ -58,8 +58,8 @@ pub struct OtlpOptions {
     /// Metrics are sent this often (logs as the SDK's batch processor
     /// sends them).
     pub interval: Duration,
-    /// Pauses at least this long become log records.
-    pub slow_pause_ns: u64,
+    /// Slow pauses become log records.
+    pub slow: crate::model::pause::SlowThreshold,
     /// The resource's `host.name`.
     pub host_name: String,
 }
@@ -111,7 +111,7 @@ pub struct OtlpSink {
     logger: SdkLogger,
     instruments: Instruments,
     attributes: HashMap<u32, (ProcessLabels, Vec<KeyValue>)>,
-    slow_pause_ns: u64,
+    slow: crate::model::pause::SlowThreshold,
     /// The exporters' tonic and hyper clients live on it.
     _runtime: tokio::runtime::Runtime,
 }
@@ -305,7 +305,7 @@ impl OtlpSink {
             logger,
             instruments,
             attributes: HashMap::new(),
-            slow_pause_ns: o.slow_pause_ns,
+            slow: o.slow,
             _runtime: runtime,
         })
     }
@@ -369,7 +369,7 @@ impl Sink for OtlpSink {
                 if !p.faults.is_empty() {
                     i.pause_faults.add(p.faults.len() as u64, attrs);
                 }
-                if p.record.duration_ns >= self.slow_pause_ns {
+                if self.slow.is_slow(p.record.duration_ns) {
                     i.slow_pauses.add(1, attrs);
                     self.slow_pause(attrs, &SlowPause::new(labels, p.record.clone()));
                 }

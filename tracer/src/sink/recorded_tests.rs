@@ -120,7 +120,11 @@ fn report(stream: &[Observed], view: View, json: bool) -> String {
     let out = Captured::default();
     let mut r = ReportSink::new(
         view,
-        Output::new(Box::new(out.clone()), json, 0),
+        Output::new(
+            Box::new(out.clone()),
+            json,
+            crate::model::pause::SlowThreshold::ALL,
+        ),
         true,
         None,
     );
@@ -158,7 +162,12 @@ fn outputs(stream: &[Observed]) -> Vec<(&'static str, String)> {
         total: 100,
         per_label_set: 100,
     })));
-    let mut slow = SlowPauseSink::new(store.clone(), MS, None, Arc::new(Metrics::new()));
+    let mut slow = SlowPauseSink::new(
+        store.clone(),
+        crate::model::pause::SlowThreshold::from_ns(MS),
+        None,
+        Arc::new(Metrics::new()),
+    );
     slow.observe_all(stream);
     let records: String = store
         .lock()
@@ -373,7 +382,11 @@ fn growth_outputs(stream: &[Observed]) -> Vec<(&'static str, String)> {
         let out = Captured::default();
         let mut r = ReportSink::new(
             View::Stacks,
-            Output::new(Box::new(out.clone()), json, 0),
+            Output::new(
+                Box::new(out.clone()),
+                json,
+                crate::model::pause::SlowThreshold::ALL,
+            ),
             false,
             Some(crate::stackgrowth::Mode::Exact),
         );

@@ -14,7 +14,10 @@ use serde::Serialize;
 use super::{Sink, pause_log::PauseLog};
 use crate::{
     model::labels::ProcessLabels,
-    model::{observed::Observed, pause::PauseRecord},
+    model::{
+        observed::Observed,
+        pause::{PauseRecord, SlowThreshold},
+    },
     sink::metrics::Metrics,
 };
 
@@ -168,23 +171,23 @@ pub type SharedStore = Arc<Mutex<SlowPauseStore>>;
 /// Feeds the store and the pause log from the stream.
 pub struct SlowPauseSink {
     store: SharedStore,
-    threshold_ns: u64,
+    slow: SlowThreshold,
     log: Option<PauseLog>,
     metrics: Arc<Metrics>,
     labels: HashMap<u32, ProcessLabels>,
 }
 
 impl SlowPauseSink {
-    /// Pauses of at least `threshold_ns` (0: every pause).
+    /// Keeps and logs the `slow` pauses.
     pub fn new(
         store: SharedStore,
-        threshold_ns: u64,
+        slow: SlowThreshold,
         log: Option<PauseLog>,
         metrics: Arc<Metrics>,
     ) -> SlowPauseSink {
         SlowPauseSink {
             store,
-            threshold_ns,
+            slow,
             log,
             metrics,
             labels: HashMap::new(),
@@ -192,7 +195,7 @@ impl SlowPauseSink {
     }
 
     fn slow(&mut self, record: &PauseRecord) {
-        if record.duration_ns < self.threshold_ns {
+        if !self.slow.is_slow(record.duration_ns) {
             return;
         }
         let Some(labels) = self.labels.get(&record.pid) else {

@@ -118,7 +118,12 @@ fn the_sink_keeps_slow_pauses_of_known_processes_and_counts() {
         total: 1,
         per_label_set: 1,
     })));
-    let mut sink = SlowPauseSink::new(store.clone(), MS, None, metrics.clone());
+    let mut sink = SlowPauseSink::new(
+        store.clone(),
+        crate::model::pause::SlowThreshold::from_ns(MS),
+        None,
+        metrics.clone(),
+    );
     sink.observe(&Observed::Started(Arc::new(ProcessInfo {
         pid: 7,
         exe: "/srv/api".into(),

@@ -15,9 +15,9 @@ use crate::{
 };
 
 /// The release build of gostw (the budget is that of the binary users
-/// run; the test profile's is several times slower), built by `cargo xtask
-/// test` before the kernel tests (a build inside the test run would take
-/// minutes of this test's time).
+/// run; a dev build's is several times slower), built by `cargo xtask
+/// test` before the kernel tests, which names it even where the tests
+/// themselves were built otherwise (a plain `cargo test`).
 fn release_gostw() -> std::path::PathBuf {
     let path = std::env::var_os("GOSTW_RELEASE_BIN").unwrap_or_else(|| {
         panic!(

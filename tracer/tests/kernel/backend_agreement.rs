@@ -36,7 +36,11 @@ impl Tracer {
             }),
             sink: ReportSink::new(
                 View::Faults,
-                Output::new(Box::new(std::io::sink()), true, u64::MAX),
+                Output::new(
+                    Box::new(std::io::sink()),
+                    true,
+                    tracer::model::pause::SlowThreshold::NONE,
+                ),
                 true,
                 None,
             ),

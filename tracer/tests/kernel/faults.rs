@@ -137,7 +137,11 @@ fn run_traced(
     let mut sink = (
         ReportSink::new(
             View::Faults,
-            Output::new(Box::new(std::io::sink()), true, u64::MAX),
+            Output::new(
+                Box::new(std::io::sink()),
+                true,
+                tracer::model::pause::SlowThreshold::NONE,
+            ),
             true,
             None,
         ),

@@ -514,7 +514,7 @@ fn exits_within(gostw: &mut std::process::Child, limit: Duration, what: &str) ->
 /// `attach --json | head -1`: once the reader of its standard output has
 /// gone gostw stops tracing at once and ends cleanly (exit 0, the summary
 /// on standard error), whether it notices by a failed write (pauses being
-/// printed) or by the pipe alone (none printed: --threshold 1h).
+/// printed) or by the pipe alone (none printed: --slow-pause 1h).
 #[test]
 fn attach_ends_when_its_reader_goes() {
     use std::io::{BufRead as _, BufReader};
@@ -524,7 +524,7 @@ fn attach_ends_when_its_reader_goes() {
     let pid = workload.id().to_string();
     for (case, extra) in [("pauses printed", "0"), ("nothing printed", "1h")] {
         let (mut gostw, mut err) = start_gostw(
-            &["attach", "--json", "--pid", &pid, "--threshold", extra],
+            &["attach", "--json", "--pid", &pid, "--slow-pause", extra],
             "tracing pid",
         );
         let stdout = gostw.stdout.take().unwrap();
@@ -572,7 +572,7 @@ fn attach_ends_cleanly_on_sighup() {
         &[
             "attach",
             "--json",
-            "--threshold",
+            "--slow-pause",
             "1h",
             "--pid",
             &pid,
@@ -626,7 +626,7 @@ fn attach_to_a_program_exiting_meanwhile_says_it_exited() {
             .args([
                 "attach",
                 "--json",
-                "--threshold",
+                "--slow-pause",
                 "1h",
                 "--pid",
                 &pid.to_string(),

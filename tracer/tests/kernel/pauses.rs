@@ -243,7 +243,7 @@ fn run_passes_on_the_exit_code_and_prints_a_text_summary() {
     let path = build_workload("stw", &go, "", &[]);
     let out = gostw(&[
         "run",
-        "--threshold",
+        "--slow-pause",
         "0",
         "--",
         path.to_str().unwrap(),

@@ -43,7 +43,11 @@ fn run_stacks(
     });
     let mut sink = ReportSink::new(
         View::Stacks,
-        Output::new(Box::new(std::io::sink()), true, u64::MAX),
+        Output::new(
+            Box::new(std::io::sink()),
+            true,
+            tracer::model::pause::SlowThreshold::NONE,
+        ),
         false,
         Some(opts.mode),
     );

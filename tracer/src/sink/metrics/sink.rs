@@ -35,7 +35,7 @@ pub struct MetricsSink {
     file_faults_seen: bool,
     /// Pauses at least this long have a slow-pause record, named by the
     /// exemplar of their duration bucket (None: no records kept).
-    record_threshold_ns: Option<u64>,
+    record_threshold: Option<crate::model::pause::SlowThreshold>,
 }
 
 impl std::ops::Deref for MetricsSink {
@@ -69,14 +69,17 @@ impl MetricsSink {
             overflow_last: 0,
             shed_last: HashMap::new(),
             file_faults_seen: false,
-            record_threshold_ns: None,
+            record_threshold: None,
         }
     }
 
-    /// Name the slow-pause record of each pause of `threshold_ns` or more
+    /// Name the slow-pause record of each `slow` pause
     /// in the exemplar of its duration bucket.
-    pub fn with_record_exemplars(mut self, threshold_ns: u64) -> MetricsSink {
-        self.record_threshold_ns = Some(threshold_ns);
+    pub fn with_record_exemplars(
+        mut self,
+        slow: crate::model::pause::SlowThreshold,
+    ) -> MetricsSink {
+        self.record_threshold = Some(slow);
         self
     }
 
@@ -155,8 +158,8 @@ impl Sink for MetricsSink {
                             duration_ns: p.record.duration_ns,
                             major_faults: u32::try_from(p.faults.len()).unwrap_or(u32::MAX),
                             record_id: self
-                                .record_threshold_ns
-                                .filter(|&t| p.record.duration_ns >= t)
+                                .record_threshold
+                                .filter(|t| t.is_slow(p.record.duration_ns))
                                 .map(|_| record_id(&p.record)),
                         },
                     );

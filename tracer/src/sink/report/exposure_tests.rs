@@ -22,7 +22,11 @@ fn sink(json: bool) -> (ReportSink, Buf) {
     let buf = Buf::default();
     let mut s = ReportSink::new(
         View::Trace,
-        Output::new(Box::new(buf.clone()), json, u64::MAX),
+        Output::new(
+            Box::new(buf.clone()),
+            json,
+            crate::model::pause::SlowThreshold::NONE,
+        ),
         true,
         None,
     );

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::text::pause_line;
 use crate::{
-    model::pause::PauseRecord,
+    model::pause::{PauseRecord, SlowThreshold},
     sink::queued::{LineQueue, Losses, OutputWatch, Unwritten},
 };
 
@@ -26,32 +26,32 @@ pub struct Output {
     /// The queue's state, kept after it is finished.
     queued: Option<(OutputWatch, Unwritten)>,
     pub(super) json: bool,
-    threshold_ns: u64,
+    slow: SlowThreshold,
     /// The pipe or socket `out` writes to, watched for its reader going away.
     pub watch: Option<std::os::fd::RawFd>,
 }
 
 impl Output {
-    /// Write to `out`, as JSON lines or text; only pauses of at least
-    /// `threshold_ns` are written as they happen.
-    pub fn new(out: Box<dyn Write>, json: bool, threshold_ns: u64) -> Output {
+    /// Write to `out`, as JSON lines or text; only `slow` pauses are
+    /// written as they happen.
+    pub fn new(out: Box<dyn Write>, json: bool, slow: SlowThreshold) -> Output {
         Output {
             out,
             queue: None,
             queued: None,
             json,
-            threshold_ns,
+            slow,
             watch: None,
         }
     }
 
     /// Write through `queue` (standard output, whose reader may be slow).
-    pub fn queued(queue: LineQueue, json: bool, threshold_ns: u64) -> Output {
+    pub fn queued(queue: LineQueue, json: bool, slow: SlowThreshold) -> Output {
         let watch = queue.watch();
         Output {
             queue: Some(queue),
             queued: Some((watch, Unwritten::default())),
-            ..Output::new(Box::new(std::io::sink()), json, threshold_ns)
+            ..Output::new(Box::new(std::io::sink()), json, slow)
         }
     }
 
@@ -73,7 +73,7 @@ impl Output {
     }
 
     pub(super) fn pause(&mut self, p: &PauseRecord) -> std::io::Result<()> {
-        if p.duration_ns < self.threshold_ns {
+        if !self.slow.is_slow(p.duration_ns) {
             return Ok(());
         }
         if self.json {

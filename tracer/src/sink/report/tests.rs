@@ -59,7 +59,11 @@ fn threshold_filters_live_records_and_summary_has_every_pause() {
     let buf = Buf::default();
     let mut sink = ReportSink::new(
         View::Trace,
-        Output::new(Box::new(buf.clone()), true, 1_000),
+        Output::new(
+            Box::new(buf.clone()),
+            true,
+            crate::model::pause::SlowThreshold::from_ns(1_000),
+        ),
         false,
         None,
     );
@@ -106,7 +110,11 @@ fn each_live_record_is_one_write() {
         let writes = Buf::default();
         let mut sink = ReportSink::new(
             View::Trace,
-            Output::new(Box::new(writes.clone()), json, 0),
+            Output::new(
+                Box::new(writes.clone()),
+                json,
+                crate::model::pause::SlowThreshold::ALL,
+            ),
             false,
             None,
         );
@@ -127,7 +135,11 @@ fn each_live_record_is_one_write() {
 fn text_summary_names_reasons_and_losses() {
     let mut sink = ReportSink::new(
         View::Trace,
-        Output::new(Box::new(std::io::sink()), false, 0),
+        Output::new(
+            Box::new(std::io::sink()),
+            false,
+            crate::model::pause::SlowThreshold::ALL,
+        ),
         false,
         None,
     );
@@ -173,7 +185,11 @@ fn stack_sites_are_named_from_the_stream_s_code() {
     let summary = |code: Code| {
         let mut sink = ReportSink::new(
             View::Stacks,
-            Output::new(Box::new(Buf::default()), true, 0),
+            Output::new(
+                Box::new(Buf::default()),
+                true,
+                crate::model::pause::SlowThreshold::ALL,
+            ),
             false,
             Some(Mode::Exact),
         );
@@ -227,7 +243,12 @@ fn a_stalled_reader_costs_live_lines_counted_in_the_summary() {
         bytes: 1 << 20,
     };
     let queue = LineQueue::start("stdout", bounds, out.clone(), OutputCounters::default()).unwrap();
-    let mut sink = ReportSink::new(View::Trace, Output::queued(queue, true, 0), false, None);
+    let mut sink = ReportSink::new(
+        View::Trace,
+        Output::queued(queue, true, crate::model::pause::SlowThreshold::ALL),
+        false,
+        None,
+    );
     sink.observe(&started(9));
     let started_at = std::time::Instant::now();
     for d in 1..=10 {
