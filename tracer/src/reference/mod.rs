@@ -103,4 +103,6 @@ pub fn missing<'a>(doc: &str, names: impl IntoIterator<Item = &'a String>) -> Ve
 #[cfg(test)]
 mod figures;
 #[cfg(test)]
+mod help_tests;
+#[cfg(test)]
 mod tests;
