@@ -101,8 +101,9 @@ pub fn tests(arch: Arch) -> anyhow::Result<TestBinaries> {
     };
     // The guests put the release binary where the tests look for gostw.
     let release = workspace_root().join(format!("target/{}/release/gostw", arch.rust_target()));
+    // Compared as files: a path through a symlink names the same one.
     ensure!(
-        built.gostw == release,
+        std::fs::canonicalize(&built.gostw)? == std::fs::canonicalize(&release)?,
         "the tests' gostw is {}, not the release binary {}",
         built.gostw.display(),
         release.display()
