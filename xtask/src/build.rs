@@ -99,15 +99,16 @@ pub fn tests(arch: Arch) -> anyhow::Result<TestBinaries> {
         kernel: kernel.context("cargo built no `kernel` test executable")?,
         gostw: gostw.context("cargo built no `gostw` executable")?,
     };
-    // The guests put the release binary where the tests look for gostw.
-    let release = workspace_root().join(format!("target/{}/release/gostw", arch.rust_target()));
-    // Compared as files: a path through a symlink names the same one.
+    // The guests run the tests' gostw: it must be the static release
+    // binary. Compared as files: a path through a symlink names the same.
+    let release = release_path(arch);
     ensure!(
         std::fs::canonicalize(&built.gostw)? == std::fs::canonicalize(&release)?,
         "the tests' gostw is {}, not the release binary {}",
         built.gostw.display(),
         release.display()
     );
+    check_static(&release)?;
     TESTS_BUILT.lock().unwrap().push((arch, built.clone()));
     Ok(built)
 }
@@ -126,13 +127,8 @@ pub fn gostw(arch: Arch) -> anyhow::Result<PathBuf> {
     let mut cmd = cargo(arch, "build");
     cmd.args(["--bin", "gostw", "--message-format=json-render-diagnostics"]);
     let msgs = artifacts(&mut cmd)?;
-    let built = workspace_root().join(format!("target/{}/release/gostw", arch.rust_target()));
-    let interp = crate::dist::interpreter(&std::fs::read(&built)?)?;
-    ensure!(
-        interp.is_none(),
-        "{} asks for a program interpreter ({interp:?}): not static",
-        built.display()
-    );
+    let built = release_path(arch);
+    check_static(&built)?;
     if TESTS_BUILT.lock().unwrap().iter().any(|(a, _)| *a == arch) {
         let compiled: Vec<&str> = msgs
             .iter()
@@ -146,6 +142,22 @@ pub fn gostw(arch: Arch) -> anyhow::Result<PathBuf> {
         }
     }
     Ok(built)
+}
+
+/// Where cargo puts the static release `gostw` for `arch`.
+fn release_path(arch: Arch) -> PathBuf {
+    workspace_root().join(format!("target/{}/release/gostw", arch.rust_target()))
+}
+
+/// Fail unless `bin` asks for no program interpreter.
+fn check_static(bin: &std::path::Path) -> anyhow::Result<()> {
+    let interp = crate::dist::interpreter(&std::fs::read(bin)?)?;
+    ensure!(
+        interp.is_none(),
+        "{} asks for a program interpreter ({interp:?}): not static",
+        bin.display()
+    );
+    Ok(())
 }
 
 /// Run a cargo build whose messages are JSON; its compiler-artifact

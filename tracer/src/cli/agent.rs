@@ -6,6 +6,7 @@ use std::{net::SocketAddr, time::Duration};
 use regex::Regex;
 use tracer::{
     agent::{Options, PauseLogTo},
+    model::pause::SlowThreshold,
     sink::{
         otlp::{OtlpOptions, Protocol},
         slow_pauses::StoreLimits,
@@ -120,7 +121,8 @@ fn parse_regex(s: &str) -> Result<Regex, String> {
 
 impl Args {
     fn options(self) -> Options {
-        let otlp = self.otlp();
+        let slow = SlowThreshold::at_least(self.slow_pause);
+        let otlp = self.otlp(slow);
         Options {
             listen: self.listen,
             debug_allow_remote: self.pprof_allow_remote,
@@ -137,7 +139,7 @@ impl Args {
             max_label_sets: self.max_label_sets,
             explain: !self.no_explain,
             exposure_every: self.exposure_every,
-            slow: tracer::model::pause::SlowThreshold::at_least(self.slow_pause),
+            slow,
             store: StoreLimits {
                 total: self.slow_pauses_kept as usize,
                 per_label_set: self.slow_pauses_per_set as usize,
@@ -154,7 +156,7 @@ impl Args {
     }
 
     /// OTLP if an endpoint is given here or in the environment.
-    fn otlp(&self) -> Option<OtlpOptions> {
+    fn otlp(&self, slow: SlowThreshold) -> Option<OtlpOptions> {
         let from_env = [
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
@@ -174,7 +176,7 @@ impl Args {
             endpoint: self.otlp_endpoint.clone(),
             protocol,
             interval: self.otlp_interval,
-            slow: tracer::model::pause::SlowThreshold::at_least(self.slow_pause),
+            slow,
             host_name: tracer::procfs::host_name(),
         })
     }

@@ -169,7 +169,7 @@ pub struct PauseRecord {
 /// slow ones (`--slow-pause`: attach and run's lines, the agent's records,
 /// its exemplars and its OTLP log records, `gostw pauses`): at least this
 /// long. Zero takes every pause.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlowThreshold {
     min_ns: u64,
 }
@@ -322,6 +322,18 @@ mod tests {
     };
 
     use super::*;
+
+    #[test]
+    fn a_pause_is_slow_from_its_threshold_on() {
+        let t = SlowThreshold::at_least(std::time::Duration::from_millis(1));
+        assert!(!t.is_slow(999_999));
+        assert!(t.is_slow(1_000_000));
+        assert!(SlowThreshold::ALL.is_slow(0));
+        assert!(!SlowThreshold::NONE.is_slow(u64::MAX));
+        // A bound past u64 ns (584 years) is "none", not a wrap to a short one.
+        let far = SlowThreshold::at_least(std::time::Duration::from_secs(u64::MAX));
+        assert_eq!(far, SlowThreshold::NONE);
+    }
 
     fn event(
         pid: u32,

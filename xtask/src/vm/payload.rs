@@ -58,25 +58,22 @@ pub struct Binaries {
     pub arch: Arch,
     /// The kernel test binary (`--test kernel`).
     pub tests: PathBuf,
-    /// The `gostw` binary (`CARGO_BIN_EXE_gostw` of the tests): the path
-    /// the tests name.
+    /// The `gostw` binary the tests name (`CARGO_BIN_EXE_gostw`): the
+    /// static release `gostw` that `cargo xtask dist` ships, so the VM suite
+    /// runs it on a userland that is not the one it was built on (busybox,
+    /// no C library of its own).
     pub gostw: PathBuf,
-    /// What the guest finds at that path: the static release `gostw` that
-    /// `cargo xtask dist` ships, so the VM suite runs it on a userland that
-    /// is not the one it was built on (busybox, no C library of its own).
-    pub release: PathBuf,
 }
 
 /// The kernel test binary and `gostw` for `arch`, from the one test build
 /// of this run (build.rs): for amd64 the host's own, for arm64 cross-built;
-/// static, like the release binary, which is the same file.
+/// its gostw is the static release binary.
 pub fn build_binaries(arch: Arch) -> anyhow::Result<Binaries> {
     let built = crate::build::tests(arch)?;
     Ok(Binaries {
         arch,
         tests: built.kernel,
         gostw: built.gostw,
-        release: crate::build::gostw(arch)?,
     })
 }
 
@@ -261,10 +258,7 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
     let mut links = vec![(root.clone(), PathBuf::from(GUEST_CHECKOUT))];
     let mut elves = vec![busybox.clone()];
     let mut guest_tests = None;
-    for (bin, source) in [
-        (&p.binaries.tests, &p.binaries.tests),
-        (&p.binaries.gostw, &p.binaries.release),
-    ] {
+    for bin in [&p.binaries.tests, &p.binaries.gostw] {
         let guest = guest_path(&root, bin)?;
         if !bin.starts_with(&root) {
             links.push((bin.clone(), guest.clone()));
@@ -274,11 +268,11 @@ pub fn build_initramfs(p: &Payload, stage: &Path, initrd: &Path) -> anyhow::Resu
         exec(
             Command::new(format!("{}strip", arch.binutils_prefix()))
                 .arg("--strip-debug")
-                .arg(source)
+                .arg(bin)
                 .arg("-o")
                 .arg(&dest),
         )?;
-        elves.push(source.clone());
+        elves.push(bin.clone());
         guest_tests.get_or_insert(guest);
     }
     let guest_workloads = stage.join(GUEST_WORKLOADS.trim_start_matches('/'));
